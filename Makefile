@@ -1,0 +1,42 @@
+# Quick start: `make demo` (record a few sessions against a scripted model) and
+# `make test` (the whole suite). Both build .venv from the committed lock file.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY_STAMP := $(VENV)/.installed
+NPM_STAMP := node_modules/.installed
+
+.PHONY: demo test bench lock clean
+
+$(PY_STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+# The pinned harness CLIs the end-to-end tests drive (npm 11 skips Claude
+# Code's postinstall, so run it by hand).
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund
+	node node_modules/@anthropic-ai/claude-code/install.cjs
+	touch $@
+
+demo: $(PY_STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(PY_STAMP) $(NPM_STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(PY_STAMP)
+	$(BIN)/python bench/recorder.py
+
+# Re-resolve the lock from pyproject.toml (core + test extras).
+lock:
+	rm -rf /tmp/forgerl-lock && $(PY) -m venv /tmp/forgerl-lock
+	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
+	/tmp/forgerl-lock/bin/pip install -q ".[test]"
+	/tmp/forgerl-lock/bin/pip freeze --exclude forgerl > requirements.lock
+
+clean:
+	rm -rf $(VENV) node_modules forge-data

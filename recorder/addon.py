@@ -1,0 +1,225 @@
+"""The mitmproxy addon: every flow through the proxy becomes a recorded call.
+
+Usable on its own::
+
+    mitmdump -s recorder/addon.py --mode reverse:http://127.0.0.1:8000@127.0.0.1:8080 \\
+        --set forge_out=./data
+
+Hooks stay tiny (the proxy's latency is the harness's latency): they strip
+the session prefix, stamp times, and set a streaming tap so SSE passes chunk
+by chunk. Everything else happens on a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+from mitmproxy import ctx, http
+
+from forgerl.recorder.capture import CapturedCall
+from forgerl.recorder.harness import detect_harness
+from forgerl.recorder.redact import Redactor
+from forgerl.schema.store import DatasetWriter
+
+SESSION_HEADER = "x-forge-session"
+SESSION_PREFIX = "/s/"
+ANTHROPIC_PATHS = ("/v1/messages", "/messages")
+TERMINAL_WS_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+
+
+def split_session(path: str) -> tuple[str | None, str]:
+    """`/s/<id>/v1/messages?x` -> (`<id>`, `/v1/messages?x`); other paths unchanged."""
+    if not path.startswith(SESSION_PREFIX):
+        return None, path
+    rest = path[len(SESSION_PREFIX):]
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    session, tail = rest[:end], rest[end:]
+    if not session:
+        return None, path
+    return session, tail if tail.startswith("/") else "/" + tail
+
+
+class Upstream:
+    """Where one API family is forwarded: scheme, host, port and a path prefix."""
+
+    def __init__(self, url: str):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream must be http(s)://HOST[:PORT][/prefix], got {url!r}")
+        self.url = url.rstrip("/")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+
+    def apply(self, request: http.Request) -> None:
+        request.scheme, request.host, request.port = self.scheme, self.host, self.port
+        request.host_header = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
+        request.path = self.prefix + request.path
+
+
+class Recorder:
+    """Records each flow into a forgerl dataset root (`forge_out`)."""
+
+    def __init__(self) -> None:
+        self.writer: DatasetWriter | None = None
+        self.redactor = Redactor()
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forgerl-record")
+        self.upstreams: dict[str, Upstream] = {}
+
+    def load(self, loader) -> None:
+        loader.add_option("forge_out", str, "", "Dataset root to record into (empty: record nothing).")
+        loader.add_option("forge_session", str, "default",
+                          "Session id for calls with neither a /s/<id>/ prefix nor an X-Forge-Session header.")
+        loader.add_option("forge_upstream_anthropic", str, "",
+                          "Forward Anthropic Messages paths here instead of the proxy's own target.")
+        loader.add_option("forge_upstream_openai", str, "",
+                          "Forward every other path here instead of the proxy's own target.")
+        loader.add_option("forge_redact_rules", str, "", "File of extra redaction regexes, one per line.")
+        loader.add_option("forge_policy_version", str, "", "Policy/weights version to tag every call with.")
+        loader.add_option("forge_labels", str, "", "JSON object of labels for every new session.")
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if "forge_redact_rules" in updated:
+            self.redactor = Redactor.from_file(opts.forge_redact_rules) if opts.forge_redact_rules else Redactor()
+        if {"forge_upstream_anthropic", "forge_upstream_openai"} & updated:
+            self.upstreams = {name: Upstream(url) for name, url in
+                              (("anthropic", opts.forge_upstream_anthropic), ("openai", opts.forge_upstream_openai))
+                              if url}
+        if "forge_labels" in updated and opts.forge_labels:
+            json.loads(opts.forge_labels)
+        if "forge_out" in updated:
+            self._close_writer()
+            if opts.forge_out:
+                self.writer = DatasetWriter(opts.forge_out)
+
+    # http ---------------------------------------------------------------
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if self.writer is None:
+            return
+        request = flow.request
+        session, path = split_session(request.path)
+        header_session = request.headers.pop(SESSION_HEADER, None)
+        request.path = path
+        session = session or header_session or ctx.options.forge_session
+        family = "anthropic" if path.split("?", 1)[0].endswith(ANTHROPIC_PATHS) else "openai"
+        if family in self.upstreams:
+            self.upstreams[family].apply(request)
+        flow.metadata["forgerl"] = CapturedCall(
+            call_id=uuid.uuid4().hex, session_id=session, seq=self.writer.next_seq(),
+            method=request.method, path=path, upstream=f"{request.scheme}://{request.pretty_host}:{request.port}",
+            t_start=request.timestamp_start, request_headers=list(request.headers.items(multi=True)),
+            policy_version=ctx.options.forge_policy_version or None,
+        )
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        call = flow.metadata.get("forgerl")
+        if call is None:
+            return
+        call.request_body = flow.request.raw_content
+        self.writer.track(call.call_id, lambda: call.to_record(self.redactor))
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        call = flow.metadata.get("forgerl")
+        if call is None:
+            return
+        response = flow.response
+        call.status = response.status_code
+        call.response_headers = list(response.headers.items(multi=True))
+        call.sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        response.stream = call.tap
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        call = flow.metadata.get("forgerl")
+        if call is None or flow.websocket is not None:
+            return
+        call.finish()
+        self._submit(call, flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        call = flow.metadata.get("forgerl")
+        if call is None or call.t_end is not None:
+            return
+        call.finish(error=flow.error.msg if flow.error else "connection failed")
+        self._submit(call, flow)
+
+    # websockets: each client message opens a call, server messages are its stream ----
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        parent = flow.metadata.get("forgerl")
+        if parent is None:
+            return
+        message = flow.websocket.messages[-1]
+        current: CapturedCall | None = flow.metadata.get("forgerl_ws_call")
+        if message.from_client:
+            if current is not None:
+                current.finish(error="superseded by a new request before its terminal event")
+                self._submit(current, flow)
+            current = CapturedCall(
+                call_id=uuid.uuid4().hex, session_id=parent.session_id, seq=self.writer.next_seq(),
+                method="WS", path=parent.path, upstream=parent.upstream, t_start=message.timestamp,
+                request_headers=parent.request_headers, request_body=message.content, websocket=True,
+                status=101, sse=True, response_headers=[("x-forgerl-transport", "websocket")],
+                policy_version=parent.policy_version)
+            flow.metadata["forgerl_ws_call"] = current
+            self.writer.track(current.call_id, lambda: current.to_record(self.redactor))
+            return
+        if current is None:
+            return
+        event_type = _ws_event_type(message.content)
+        current.tap(b"event: %s\ndata: %s\n\n" % (event_type.encode(), message.content))
+        if event_type in TERMINAL_WS_EVENTS:
+            current.finish()
+            self._submit(current, flow)
+            flow.metadata["forgerl_ws_call"] = None
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        current = flow.metadata.get("forgerl_ws_call")
+        if current is not None:
+            current.finish(error="websocket closed before the terminal event")
+            self._submit(current, flow)
+            flow.metadata["forgerl_ws_call"] = None
+
+    # recording ------------------------------------------------------------
+
+    def _submit(self, call: CapturedCall, flow: http.HTTPFlow) -> None:
+        user_agent = flow.request.headers.get("user-agent", "")
+        self.worker.submit(self._record, call, user_agent)
+
+    def _record(self, call: CapturedCall, user_agent: str) -> None:
+        writer = self.writer
+        if writer is None:
+            return
+        try:
+            labels = json.loads(ctx.options.forge_labels) if ctx.options.forge_labels else None
+            writer.add_session(call.session_id, harness=detect_harness(user_agent),
+                               user_agent=user_agent, labels=labels)
+            writer.add_call(call.to_record(self.redactor))
+        except Exception as e:  # never let one odd call stop the recorder
+            print(f"forgerl: could not record call {call.call_id}: {type(e).__name__}: {e}", flush=True)
+
+    def _close_writer(self) -> None:
+        if self.writer is not None:
+            self.worker.shutdown(wait=True)
+            self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forgerl-record")
+            self.writer.close()
+            self.writer = None
+
+    def done(self) -> None:
+        self._close_writer()
+
+
+def _ws_event_type(content: bytes) -> str:
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return "message"
+    return str(value.get("type", "message")) if isinstance(value, dict) else "message"
+
+
+addons = [Recorder()]

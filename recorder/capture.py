@@ -1,0 +1,138 @@
+"""One call's bytes and times as they pass, and turning them into a `CallRecord`.
+
+The proxy's hot path only appends chunks and stamps times (`tap`); parsing,
+redaction, reassembly and normalisation run later in `to_record`, on the
+recorder's worker thread or the writer's flush thread, so recording costs
+the harness almost nothing per chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+from forgerl.schema.messages import Exchange
+from forgerl.schema.records import CallRecord
+
+from .apis import Codec, codec_for
+from .redact import Redactor
+from .sse import SSEDecoder
+
+INCOMPLETE = "recorder stopped before the call finished"
+
+
+def utc(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+@dataclass
+class CapturedCall:
+    call_id: str
+    session_id: str
+    seq: int
+    method: str
+    path: str
+    upstream: str
+    t_start: float
+    request_headers: list[tuple[str, str]]
+    request_body: bytes | None = None
+    websocket: bool = False
+    status: int | None = None
+    response_headers: list[tuple[str, str]] = field(default_factory=list)
+    chunks: list[bytes] = field(default_factory=list)
+    t_first_byte: float | None = None
+    t_end: float | None = None
+    error: str | None = None
+    finished: bool = False
+    sse: bool = False
+    policy_version: str | None = None
+    _request_exchange: Exchange | None = field(default=None, repr=False)
+    _request_error: str | None = field(default=None, repr=False)
+
+    def tap(self, chunk: bytes) -> bytes:
+        """mitmproxy's `flow.response.stream` callable: keep the chunk, pass it on."""
+        if chunk:
+            if self.t_first_byte is None:
+                self.t_first_byte = time.time()
+            self.chunks.append(chunk)
+        return chunk
+
+    def finish(self, error: str | None = None) -> None:
+        self.t_end = time.time()
+        self.error = error
+        self.finished = error is None
+
+    def to_record(self, redactor: Redactor) -> CallRecord:
+        """A call row from what has been seen so far (a snapshot if still running)."""
+        request_headers = redactor.headers(self.request_headers)
+        request_raw = redactor.body(self.request_body)
+        response_raw = redactor.body(b"".join(self.chunks))
+        codec = codec_for(self.path)
+        record = CallRecord(
+            call_id=self.call_id, session_id=self.session_id, seq=self.seq,
+            api=codec.name if codec else "raw", method=self.method, path=redactor.path(self.path),
+            upstream=self.upstream, status=self.status, streamed=self.sse,
+            t_start=utc(self.t_start), t_first_byte=utc(self.t_first_byte), t_end=utc(self.t_end),
+            request_headers=request_headers, response_headers=redactor.headers(self.response_headers),
+            request_raw=request_raw, response_raw=response_raw, complete=self.finished,
+            policy_version=self.policy_version,
+        )
+        errors = [self.error] if self.error else []
+        if codec is not None and (self.method == "POST" or self.websocket):
+            exchange = self._parse_request(codec, request_raw)
+            if self._request_error:
+                errors.append(self._request_error)
+            if exchange is not None:
+                record.exchange = exchange
+                record.response, response_error = _reassemble(codec, self, response_raw)
+                if response_error:
+                    errors.append(response_error)
+                if isinstance(record.response, dict):
+                    try:
+                        codec.parse_response(record.response, exchange)
+                    except Exception as e:  # a shape we do not know: the raw bytes are kept
+                        errors.append(f"could not normalise response: {type(e).__name__}: {e}")
+        if self.status is not None and self.status >= 400 and not any("HTTP" in e for e in errors):
+            errors.insert(0, f"HTTP {self.status}")
+        if not self.finished and self.error is None:
+            errors.append(INCOMPLETE)
+        record.error = "; ".join(dict.fromkeys(errors)) or None
+        return record
+
+    def _parse_request(self, codec: Codec, request_raw: bytes | None) -> Exchange | None:
+        """Parse once: snapshots of a long stream ask again every flush."""
+        if self._request_exchange is None and self._request_error is None:
+            try:
+                body = json.loads(request_raw or b"")
+                if not isinstance(body, dict):
+                    raise ValueError("not a JSON object")
+                self._request_exchange = codec.parse_request(body)
+            except ValueError as e:
+                self._request_error = f"request body is not a JSON object: {e}"
+            except Exception as e:
+                self._request_error = f"could not normalise request: {type(e).__name__}: {e}"
+        if self._request_exchange is None:
+            return None
+        return replace(self._request_exchange, output=[])
+
+
+def _reassemble(codec: Codec, call: CapturedCall, raw: bytes | None) -> tuple[dict | None, str | None]:
+    """The response body as JSON: parsed directly, or rebuilt from its SSE frames."""
+    if not raw:
+        return None, None
+    if call.sse:
+        decoder = SSEDecoder()
+        stream = codec.new_stream()
+        for event in [*decoder.feed(raw), *decoder.close()]:
+            stream.feed(event)
+        error = stream.error
+        if call.finished and not stream.done and error is None:
+            error = "stream ended before its terminal event"
+        return stream.result(), error
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None, "response body is not JSON"
+    return (body, None) if isinstance(body, dict) else (None, "response body is not a JSON object")

@@ -1,0 +1,188 @@
+"""`forge-record`: capture what a harness says to its model.
+
+    forge-record serve --upstream URL [--listen 127.0.0.1:PORT] [--out DIR]
+    forge-record run --out DIR [--upstream-anthropic URL] [--upstream-openai URL] -- CMD...
+    forge-record ls DIR
+    forge-record show DIR SESSION
+    forge-record compact DIR
+    forge-record delete DIR SESSION
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from forgerl.schema.store import DatasetError, compact, delete_session, read_manifest
+
+from . import summary
+from .proxy import ANTHROPIC_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
+
+
+class UsageError(Exception):
+    """Bad arguments: printed as one line, exit status 2."""
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="forge-data", help="dataset root to record into (default: ./forge-data)")
+    p.add_argument("--redact-rules", default="", metavar="FILE",
+                   help="extra redaction regexes, one per line (keys, tokens and .env secrets are always redacted)")
+    p.add_argument("--policy-version", default="", help="tag every call with this policy/weights version")
+    p.add_argument("--labels", default="", metavar="JSON", help='labels for new sessions, e.g. \'{"task":"t1"}\'')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge-record", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the recording proxy until interrupted")
+    serve.add_argument("--upstream", help="origin to forward to, http(s)://HOST[:PORT]; request paths pass "
+                       f"through unchanged (default: {ANTHROPIC_API} for Anthropic paths, {OPENAI_API} otherwise)")
+    serve.add_argument("--upstream-anthropic", help="origin for Anthropic Messages paths only")
+    serve.add_argument("--upstream-openai", help="origin for every other path")
+    serve.add_argument("--listen", type=_listen, default=("127.0.0.1", 8787),
+                       help="HOST:PORT to listen on (default 127.0.0.1:8787; loopback unless you say otherwise)")
+    serve.add_argument("--forward", action="store_true",
+                       help="forward-proxy mode (HTTPS_PROXY) with mitmproxy's CA, for clients that cannot "
+                       "change their base URL; trust ~/.mitmproxy/mitmproxy-ca-cert.pem")
+    serve.add_argument("--session", default="default",
+                       help="session id for calls with no /s/<id>/ prefix or X-Forge-Session header")
+    _common(serve)
+
+    run = sub.add_parser("run", help="record one command: point known harnesses at a fresh recorder, run, summarise")
+    run.add_argument("--upstream-anthropic", default=ANTHROPIC_API, help=f"default {ANTHROPIC_API}")
+    run.add_argument("--upstream-openai", default=OPENAI_API, help=f"default {OPENAI_API}")
+    run.add_argument("--session", help="session id (default: run-<time>-<random>)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    _common(run)
+
+    ls = sub.add_parser("ls", help="list recorded sessions")
+    ls.add_argument("dir")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+
+    show = sub.add_parser("show", help="pretty-print one session's calls, tool calls and errors")
+    show.add_argument("dir")
+    show.add_argument("session")
+
+    comp = sub.add_parser("compact", help="merge small files into large ones, atomically for readers")
+    comp.add_argument("dir")
+
+    delete = sub.add_parser("delete", help="remove every trace of one session (rewrites only files that hold it)")
+    delete.add_argument("dir")
+    delete.add_argument("session")
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    anthropic = args.upstream_anthropic or args.upstream or ANTHROPIC_API
+    openai = args.upstream_openai or args.upstream or OPENAI_API
+    host, port = args.listen
+    config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
+                            listen_host=host, listen_port=port, forward=args.forward, session=args.session,
+                            redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels)
+    target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, openai -> {openai}"
+    serve_forever(config, on_ready=lambda: print(
+        f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True))
+    return 0
+
+
+def harness_env(base_url: str, session: str) -> dict[str, str]:
+    """Environment that points Claude Code and OpenAI-SDK clients at the recorder."""
+    root = f"{base_url}/s/{session}"
+    return {
+        "ANTHROPIC_BASE_URL": root,
+        "OPENAI_BASE_URL": f"{root}/v1",
+        "FORGE_SESSION_ID": session,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+
+def codex_overrides(base_url: str, session: str) -> list[str]:
+    """`-c` flags that give Codex a provider pointing at the recorder over SSE."""
+    provider = (f'{{name="forgerl", base_url="{base_url}/s/{session}/v1", wire_api="responses", '
+                f'env_key="OPENAI_API_KEY"}}')
+    return ["-c", f"model_providers.forgerl={provider}", "-c", "model_provider=forgerl"]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("run: give the command after --, e.g. forge-record run --out data -- claude -p hi")
+    executable = shutil.which(cmd[0])
+    if executable is None:
+        raise UsageError(f"run: command not found: {cmd[0]}")
+    session = args.session or f"run-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    config = RecorderConfig(out=Path(args.out), upstream_anthropic=args.upstream_anthropic,
+                            upstream_openai=args.upstream_openai, session=session,
+                            redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels)
+    env = {**os.environ, **harness_env(config.url, session)}
+    if Path(cmd[0]).name == "codex":
+        cmd = [cmd[0], *codex_overrides(config.url, session), *cmd[1:]]
+    with BackgroundRecorder(config):
+        returncode = subprocess.call(cmd, env=env)
+    print(file=sys.stderr)
+    print(summary.summarise_session(args.out, session), file=sys.stderr)
+    return returncode
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    rows = summary.sessions(args.dir)
+    print(summary.dumps(rows) if args.json else summary.format_sessions(rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    print(summary.show_session(args.dir, args.session))
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    replaced = compact(args.dir)
+    if not replaced:
+        print(f"{args.dir}: nothing to compact")
+    for table, n in replaced.items():
+        print(f"{table}: merged {n} files into 1")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    removed = delete_session(args.dir, args.session)
+    if not any(removed.values()):
+        raise LookupError(f"no session {args.session!r} in {args.dir}")
+    print(f"deleted session {args.session}: " + ", ".join(f"{n} {t} rows" for t, n in removed.items() if n))
+    return 0
+
+
+COMMANDS = {"serve": cmd_serve, "run": cmd_run, "ls": cmd_ls, "show": cmd_show,
+            "compact": cmd_compact, "delete": cmd_delete}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command in ("ls", "show", "compact", "delete"):
+            read_manifest(Path(args.dir))
+        return COMMANDS[args.command](args)
+    except (UsageError, DatasetError, LookupError, ValueError, OSError) as e:
+        print(f"forge-record: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

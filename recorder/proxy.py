@@ -1,0 +1,150 @@
+"""Running mitmproxy with the recorder addon, in the foreground or on a thread.
+
+`forge-record serve` runs it in the foreground; `forge-record run` and tests
+run it on a background thread (`BackgroundRecorder`) while a harness talks to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from mitmproxy import options
+from mitmproxy.tools.dump import DumpMaster
+
+from .addon import Recorder, Upstream
+
+ANTHROPIC_API = "https://api.anthropic.com"
+OPENAI_API = "https://api.openai.com"
+
+
+@dataclass
+class RecorderConfig:
+    out: Path
+    upstream_anthropic: str = ANTHROPIC_API
+    upstream_openai: str = OPENAI_API
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+    forward: bool = False
+    session: str = "default"
+    redact_rules: str = ""
+    policy_version: str = ""
+    labels: str = ""
+    confdir: str = "~/.mitmproxy"
+
+    def __post_init__(self) -> None:
+        for url in (self.upstream_anthropic, self.upstream_openai):
+            Upstream(url)  # validates: a clear message before any socket opens
+        if self.listen_port == 0:
+            self.listen_port = free_port(self.listen_host)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.listen_host}:{self.listen_port}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class _Ready:
+    """Sets an event once mitmproxy's servers are listening."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def running(self) -> None:
+        self.event.set()
+
+
+def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tuple[DumpMaster, _Ready]:
+    listen = f"@{config.listen_host}:{config.listen_port}"
+    mode = f"regular{listen}" if config.forward else f"reverse:{config.upstream_openai}{listen}"
+    opts = options.Options(mode=[mode], confdir=config.confdir)
+    master = DumpMaster(opts, loop=loop, with_termlog=True, with_dumper=False)
+    ready = _Ready()
+    master.addons.add(Recorder(), ready)
+    opts.update(
+        termlog_verbosity="warn",
+        forge_out=str(config.out),
+        forge_session=config.session,
+        forge_upstream_anthropic="" if config.forward else config.upstream_anthropic,
+        forge_upstream_openai="" if config.forward else config.upstream_openai,
+        forge_redact_rules=config.redact_rules,
+        forge_policy_version=config.policy_version,
+        forge_labels=config.labels,
+    )
+    return master, ready
+
+
+def serve_forever(config: RecorderConfig, on_ready=None) -> None:
+    """Run until SIGINT/SIGTERM; the writer flushes and closes on the way out."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        master, ready = build_master(config, loop)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, master.shutdown)
+        if on_ready:
+            loop.create_task(_when_ready(ready, on_ready))
+        await master.run()
+
+    asyncio.run(main())
+
+
+async def _when_ready(ready: _Ready, callback) -> None:
+    while not ready.event.is_set():
+        await asyncio.sleep(0.01)
+    callback()
+
+
+class BackgroundRecorder:
+    """The recorder on its own thread and event loop; a context manager."""
+
+    def __init__(self, config: RecorderConfig):
+        self.config = config
+        self._thread: threading.Thread | None = None
+        self._master: DumpMaster | None = None
+        self._ready: _Ready | None = None
+        self._failure: BaseException | None = None
+        self._built = threading.Event()
+
+    def start(self, timeout: float = 30) -> BackgroundRecorder:
+        self._thread = threading.Thread(target=self._run, name="forgerl-recorder", daemon=True)
+        self._thread.start()
+        self._built.wait(timeout)
+        if self._ready is None or not self._ready.event.wait(timeout):
+            self.stop()
+            raise RuntimeError(f"recorder did not start on {self.config.url}: {self._failure or 'timeout'}")
+        return self
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._master, self._ready = build_master(self.config, asyncio.get_running_loop())
+            self._built.set()
+            await self._master.run()
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # reported by start()
+            self._failure = e
+        finally:
+            self._built.set()
+
+    def stop(self) -> None:
+        if self._master is not None:
+            self._master.shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def __enter__(self) -> BackgroundRecorder:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,105 @@
+"""Keep secrets off disk: headers, key-shaped strings, and user-configured patterns.
+
+Redaction works on raw bytes, so what is stored keeps the exact formatting
+the harness sent, and it runs before anything is parsed or written, so every
+derived column inherits it. Values replay needs — Anthropic thinking
+`signature`, redacted_thinking `data`, Responses `encrypted_content` — are
+opaque base64 and are never touched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+REDACTED = "[REDACTED]"
+SECRET_HEADERS = frozenset({
+    "authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie",
+    "x-goog-api-key", "openai-organization", "chatgpt-account-id",
+})
+SECRET_QUERY = re.compile(rb"(?i)([?&](?:key|api_key|api-key|access_token|token)=)[^&#\s\"]+")
+
+# Key shapes of the vendors harnesses talk to, and the generic forms they take.
+KEY_PATTERNS: tuple[str, ...] = (
+    r"sk-ant-[A-Za-z0-9_\-]{8,}",                  # Anthropic
+    r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",  # OpenAI
+    r"AKIA[0-9A-Z]{16}",                            # AWS access key id
+    r"gh[pousr]_[A-Za-z0-9]{30,}",                  # GitHub
+    r"github_pat_[A-Za-z0-9_]{40,}",
+    r"xox[baprs]-[A-Za-z0-9\-]{10,}",               # Slack
+    r"AIza[0-9A-Za-z_\-]{35}",                      # Google
+    r"hf_[A-Za-z0-9]{30,}",                         # Hugging Face
+    r"(?i)bearer\s+[A-Za-z0-9._~+/\-]{16,}=*",
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
+)
+# `.env`-style lines whose name says secret: keep the name, drop the value.
+ENV_LINE = r"(?m)(?<![A-Za-z0-9_])((?:export\s+)?[A-Z][A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD)[A-Z0-9_]*\s*=\s*)[^\s\"'\\]+"
+
+_PROTECTED = re.compile(rb'"(?:signature|encrypted_content|data)"\s*:\s*"(?:[^"\\]|\\.)*"')
+
+
+@dataclass
+class Redactor:
+    """Applies the built-in patterns plus `extra` regexes (whole match replaced)."""
+
+    extra: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        patterns = [*KEY_PATTERNS, *self.extra]
+        self._keys = re.compile("|".join(f"(?:{p})" for p in patterns).encode())
+        self._env = re.compile(ENV_LINE.encode())
+        self._literals: list[bytes] = []
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Redactor:
+        """One regex per line; blank lines and lines starting with # are ignored."""
+        lines = Path(path).read_text().splitlines()
+        rules = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        for rule in rules:
+            try:
+                re.compile(rule)
+            except re.error as e:
+                raise ValueError(f"{path}: bad redaction rule {rule!r}: {e}") from None
+        return cls(extra=rules)
+
+    def add_literals(self, secrets: Iterable[str]) -> None:
+        """Secrets seen in headers are also removed wherever they reappear in bodies."""
+        for s in secrets:
+            if len(s) >= 8 and s.encode() not in self._literals and len(self._literals) < 1000:
+                self._literals.append(s.encode())
+
+    def headers(self, headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, value in headers:
+            lower = name.lower()
+            if lower in SECRET_HEADERS:
+                scheme = value.split(" ", 1)[0] if " " in value else ""
+                self.add_literals([value.split(" ", 1)[-1]])
+                value = f"{scheme} {REDACTED}".strip()
+            out[lower] = f"{out[lower]}, {value}" if lower in out else value
+        return out
+
+    def path(self, path: str) -> str:
+        return SECRET_QUERY.sub(rb"\1" + REDACTED.encode(), path.encode()).decode()
+
+    def body(self, data: bytes | None) -> bytes | None:
+        """Redact a body; spans of replay-critical opaque values are left byte-identical."""
+        if not data:
+            return data
+        for literal in self._literals:
+            data = data.replace(literal, REDACTED.encode())
+        if not self._keys.search(data) and not self._env.search(data):
+            return data
+        protected = [m.span() for m in _PROTECTED.finditer(data)]
+        out, last = [], 0
+        for start, end in protected:
+            out.append(self._redact_plain(data[last:start]))
+            out.append(data[start:end])
+            last = end
+        out.append(self._redact_plain(data[last:]))
+        return b"".join(out)
+
+    def _redact_plain(self, data: bytes) -> bytes:
+        return self._env.sub(rb"\1" + REDACTED.encode(), self._keys.sub(REDACTED.encode(), data))

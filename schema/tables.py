@@ -1,0 +1,128 @@
+"""Arrow schemas of the dataset tables, defined once, with matching `datasets.Features`.
+
+Tables (each a folder of Parquet files under the dataset root):
+- sessions: one row per (writer, session) the first time a writer sees a session.
+- calls:    one row per model call: raw exchange (redacted, zstd), reassembled
+            response, timings, usage, token ids, and ordered references to parts.
+- messages: one row per distinct content part per session, keyed by part_hash.
+- blobs:    image and other large payload bytes, once per session, by hash.
+
+A call's input is `input_refs` (part hashes, in order) with `input_msg` giving
+each part's message index and `input_roles` each message's role; output the same.
+"""
+
+from __future__ import annotations
+
+import datasets
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+TS = pa.timestamp("us", tz="UTC")
+
+SESSIONS = pa.schema([
+    ("session_id", pa.string()),
+    ("first_seen", TS),
+    ("harness", pa.string()),
+    ("user_agent", pa.string()),
+    ("source", pa.string()),
+    ("labels", pa.string()),
+    ("writer_id", pa.string()),
+])
+
+CALLS = pa.schema([
+    ("call_id", pa.string()),
+    ("session_id", pa.string()),
+    ("seq", pa.int64()),
+    ("writer_id", pa.string()),
+    ("api", pa.string()),
+    ("method", pa.string()),
+    ("path", pa.string()),
+    ("upstream", pa.string()),
+    ("status", pa.int32()),
+    ("error", pa.string()),
+    ("complete", pa.bool_()),
+    ("streamed", pa.bool_()),
+    ("t_start", TS),
+    ("t_first_byte", TS),
+    ("t_end", TS),
+    ("model_requested", pa.string()),
+    ("model_returned", pa.string()),
+    ("stop_reason", pa.string()),
+    ("input_tokens", pa.int64()),
+    ("output_tokens", pa.int64()),
+    ("cache_read_tokens", pa.int64()),
+    ("cache_write_tokens", pa.int64()),
+    ("reasoning_tokens", pa.int64()),
+    ("request_headers", pa.string()),
+    ("response_headers", pa.string()),
+    ("request_params", pa.string()),
+    ("tools", pa.string()),
+    ("request_raw", pa.binary()),
+    ("response_raw", pa.binary()),
+    ("response", pa.string()),
+    ("input_refs", pa.list_(pa.string())),
+    ("input_msg", pa.list_(pa.int32())),
+    ("input_roles", pa.list_(pa.string())),
+    ("output_refs", pa.list_(pa.string())),
+    ("output_msg", pa.list_(pa.int32())),
+    ("output_roles", pa.list_(pa.string())),
+    ("prompt_token_ids", pa.list_(pa.int32())),
+    ("completion_token_ids", pa.list_(pa.int32())),
+    ("completion_logprobs", pa.list_(pa.float32())),
+    ("policy_version", pa.string()),
+])
+
+MESSAGES = pa.schema([
+    ("part_hash", pa.string()),
+    ("session_id", pa.string()),
+    ("call_id", pa.string()),
+    ("direction", pa.string()),
+    ("role", pa.string()),
+    ("part_type", pa.string()),
+    ("text", pa.string()),
+    ("tool_name", pa.string()),
+    ("tool_call_id", pa.string()),
+    ("arguments", pa.string()),
+    ("is_error", pa.bool_()),
+    ("blob_hash", pa.string()),
+    ("media_type", pa.string()),
+    ("signature", pa.string()),
+    ("part", pa.string()),
+])
+
+BLOBS = pa.schema([
+    ("blob_hash", pa.string()),
+    ("session_id", pa.string()),
+    ("media_type", pa.string()),
+    ("size", pa.int64()),
+    ("data", pa.binary()),
+])
+
+TABLES: dict[str, pa.Schema] = {
+    "sessions": SESSIONS,
+    "calls": CALLS,
+    "messages": MESSAGES,
+    "blobs": BLOBS,
+}
+
+COLUMN_DOCS: dict[str, str] = {
+    "messages.direction": "output if the part was first seen in a model response, else input",
+    "messages.part": "the whole Part as canonical JSON (forgerl.schema.messages.Part.from_dict)",
+    "calls.request_raw": "request body, secrets redacted, zstd-compressed",
+    "calls.response_raw": "response bytes as received (raw SSE when streamed), redacted, zstd",
+    "calls.response": "reassembled response body as JSON (what a non-streaming call returns)",
+    "calls.input_tokens": "uncached input tokens; total input = input + cache_read + cache_write",
+}
+
+
+def _feature(dtype: pa.DataType) -> datasets.features.FeatureType:
+    if pa.types.is_list(dtype):
+        return datasets.List(_feature(dtype.value_type))
+    if pa.types.is_timestamp(dtype):
+        return datasets.Value("timestamp[us, tz=UTC]")
+    return datasets.Value(str(dtype) if not pa.types.is_binary(dtype) else "binary")
+
+
+def features(table: str) -> datasets.Features:
+    """The `datasets.Features` that match a table's Arrow schema exactly."""
+    return datasets.Features({f.name: _feature(f.type) for f in TABLES[table]})

@@ -1,0 +1,226 @@
+"""The dataset root: append-only writes, readers, compaction, deletion, migrations."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import datasets
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from forgerl.schema import store, tables
+from forgerl.schema.messages import Exchange, Message, Part, Usage
+from forgerl.schema.migrations import Migration, SchemaVersionError
+from forgerl.schema.records import CallRecord, decompress, messages_from_refs
+
+
+def make_call(session: str, i: int, history: list[Message]) -> CallRecord:
+    reply = Message("assistant", (Part("text", text=f"reply {i}"),
+                                  Part("tool_call", tool_name="Bash", call_id=f"t{i}", arguments='{"cmd":"ls"}')))
+    ex = Exchange(input=list(history), output=[reply], usage=Usage(10, 5, 2, 1), model_requested="m")
+    return CallRecord(call_id=f"{session}-{i}", session_id=session, api="anthropic", method="POST",
+                      path="/v1/messages", t_start=datetime.now(timezone.utc), complete=True, status=200,
+                      exchange=ex, request_raw=b'{"x":1}', response_raw=b"event: x\n\n")
+
+
+def record_session(writer: store.DatasetWriter, session: str, turns: int) -> None:
+    history = [Message("system", (Part("text", text="you are a test"),)),
+               Message("user", (Part("text", text=f"task for {session}"),))]
+    for i in range(turns):
+        call = make_call(session, i, history)
+        writer.add_call(call)
+        history += [call.exchange.output[0],
+                    Message("tool", (Part("tool_result", call_id=f"t{i}", text=f"out {i}", is_error=i == 1),))]
+    writer.add_session(session, harness="test")
+
+
+def test_roundtrip_and_part_dedupe(tmp_path):
+    with store.DatasetWriter(tmp_path) as w:
+        record_session(w, "s1", 10)
+    calls = store.read_table(tmp_path, "calls")
+    parts = store.read_table(tmp_path, "messages")
+    assert calls.num_rows == 10
+    # 2 initial parts + 2 output parts per call + the 9 tool results later calls sent:
+    # linear in new content, not quadratic in session length.
+    assert parts.num_rows == 2 + 10 * 2 + 9
+    by_hash = dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
+    last = calls.slice(9, 1).to_pylist()[0]
+    messages = messages_from_refs(last["input_refs"], last["input_msg"], last["input_roles"], by_hash)
+    assert [m.role for m in messages] == ["system", "user"] + ["assistant", "tool"] * 9
+    assert messages[5].parts[0].is_error is True
+    out = parts.filter(pa.compute.equal(parts.column("part_type"), "tool_call"))
+    assert set(out.column("direction").to_pylist()) == {"output"}
+    assert decompress(last["request_raw"]) == b'{"x":1}'
+    assert last["cache_read_tokens"] == 2 and last["cache_write_tokens"] == 1
+
+
+def test_three_readers_load_the_root(tmp_path):
+    with store.DatasetWriter(tmp_path) as w:
+        record_session(w, "a", 3)
+        w.flush()
+        record_session(w, "b", 4)
+    files = store.data_files(tmp_path, "calls")
+    assert len(files) >= 2
+    ds = datasets.load_dataset("parquet", data_files={"train": files}, features=tables.features("calls"),
+                               split="train", cache_dir=str(tmp_path / "hf"))
+    assert ds.num_rows == 7 and ds.features == tables.features("calls")
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/calls/*.parquet')").fetchall()[0][0] == 7
+    assert pl.scan_parquet(f"{tmp_path}/calls/*.parquet").select(pl.len()).collect().item() == 7
+    for table in tables.TABLES:
+        glob = f"{tmp_path}/{table}/*.parquet"
+        if store.data_files(tmp_path, table):
+            pl.scan_parquet(glob).collect()
+            duckdb.sql(f"SELECT * FROM read_parquet('{glob}')").fetchall()
+
+
+def test_many_writers_share_a_root(tmp_path):
+    writers = [store.DatasetWriter(tmp_path) for _ in range(4)]
+    threads = [threading.Thread(target=record_session, args=(w, f"s{i}", 5)) for i, w in enumerate(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w in writers:
+        w.close()
+    calls = store.read_table(tmp_path, "calls")
+    assert calls.num_rows == 20 and len(set(calls.column("call_id").to_pylist())) == 20
+
+
+def test_compaction_is_atomic_for_readers(tmp_path):
+    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+        for i in range(30):
+            record_session(w, f"s{i}", 2)
+            w.flush()
+    before = len(store.data_files(tmp_path, "calls"))
+    assert before == 30
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def read_forever():
+        while not stop.is_set():
+            ids = store.read_table(tmp_path, "calls", columns=["call_id"]).column("call_id").to_pylist()
+            seen.append(len(ids))
+            assert len(ids) == len(set(ids))
+
+    reader = threading.Thread(target=read_forever)
+    reader.start()
+    replaced = store.compact(tmp_path)
+    time.sleep(0.1)
+    stop.set()
+    reader.join()
+    assert replaced["calls"] == 30
+    assert len(store.data_files(tmp_path, "calls")) == 1
+    assert set(seen) == {60}, "a reader saw a call twice or not at all"
+    # A second compaction folds duplicates left by a restarted writer.
+    with store.DatasetWriter(tmp_path) as w:
+        record_session(w, "s0", 2)  # same session again: its parts are rewritten by this new writer
+    store.compact(tmp_path)
+    parts = store.read_table(tmp_path, "messages")
+    keys = list(zip(parts.column("session_id").to_pylist(), parts.column("part_hash").to_pylist()))
+    assert len(keys) == len(set(keys))
+
+
+def test_glob_readers_after_compaction(tmp_path):
+    with store.DatasetWriter(tmp_path) as w:
+        record_session(w, "a", 3)
+        w.flush()
+        record_session(w, "b", 3)
+    store.compact(tmp_path)
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/calls/*.parquet')").fetchall()[0][0] == 6
+
+
+def test_delete_session_rewrites_only_its_files(tmp_path):
+    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+        record_session(w, "keep", 3)
+        w.flush()
+        record_session(w, "gone", 3)
+        record_session(w, "keep2", 1)
+        w.flush()
+    keep_files = {p: os.stat(p).st_mtime_ns for p in store.data_files(tmp_path, "calls")[:1]}
+    removed = store.delete_session(tmp_path, "gone")
+    assert removed["calls"] == 3 and removed["messages"] > 0 and removed["sessions"] == 1
+    for p, mtime in keep_files.items():
+        assert os.stat(p).st_mtime_ns == mtime, "a file without the session was rewritten"
+    for table in tables.TABLES:
+        ids = store.read_table(tmp_path, table, columns=["session_id"]).column("session_id").to_pylist()
+        assert "gone" not in ids
+    assert set(store.read_table(tmp_path, "calls").column("session_id").to_pylist()) == {"keep", "keep2"}
+
+
+def test_migration_of_an_older_file(tmp_path):
+    """A v1 file read by a (synthetic) v2 reader whose migration renames and adds a column."""
+    with store.DatasetWriter(tmp_path) as w:
+        record_session(w, "s", 2)
+    v2 = pa.schema([f if f.name != "harness" else pa.field("harness_name", pa.string()) for f in tables.SESSIONS]
+                   + [pa.field("harness_version", pa.string())])
+
+    def rename_harness(t: pa.Table) -> pa.Table:
+        names = ["harness_name" if n == "harness" else n for n in t.column_names]
+        t = t.rename_columns(names)
+        versions = [h.split("/")[1] if h and "/" in h else None for h in t.column("harness_name").to_pylist()]
+        return t.append_column("harness_version", pa.array(versions, pa.string()))
+
+    migrations = [Migration("m002_harness_name", "sessions", 1, rename_harness)]
+    t = store.read_table(tmp_path, "sessions", migrations=migrations, schema=v2, target_version=2)
+    assert t.schema.names == v2.names
+    assert t.column("harness_name").to_pylist() == ["test"]
+    # And a file from the future is refused with a clear error.
+    path = Path(store.data_files(tmp_path, "sessions")[0])
+    store.atomic_write_table(path, pq.read_table(path), "sessions", version=tables.SCHEMA_VERSION + 1)
+    with pytest.raises(SchemaVersionError, match="upgrade forgerl"):
+        store.read_table(tmp_path, "sessions")
+
+
+def test_not_a_dataset(tmp_path):
+    with pytest.raises(store.DatasetError, match="not a forgerl dataset"):
+        store.read_table(tmp_path, "calls")
+    (tmp_path / store.MANIFEST).write_text(json.dumps({"format": store.FORMAT, "schema_version": 99}))
+    with pytest.raises(SchemaVersionError):
+        store.read_manifest(tmp_path)
+
+
+WRITER_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from test_store import make_call, Message, Part
+    from forgerl.schema import store
+    w = store.DatasetWriter({root!r}, flush_interval=0.2)
+    i = 0
+    while True:
+        call = make_call("s", i, [Message("user", (Part("text", text=str(i)),))])
+        w.add_call(call)
+        print(i, time.time(), flush=True)
+        i += 1
+        time.sleep(0.01)
+""")
+
+
+def test_kill_minus_9_loses_at_most_the_last_flush(tmp_path):
+    script = WRITER_SCRIPT.format(tests=str(Path(__file__).parent), root=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    acked: list[tuple[int, float]] = []
+    deadline = time.time() + 3
+    while time.time() < deadline:
+        i, t = proc.stdout.readline().split()
+        acked.append((int(i), float(t)))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kill_time = time.time()
+    ids = set(store.read_table(tmp_path, "calls").column("call_id").to_pylist())
+    due = [i for i, t in acked if t < kill_time - 1.0]
+    assert due and all(f"s-{i}" in ids for i in due)
+    for table in tables.TABLES:
+        for f in store.data_files(tmp_path, table):
+            pq.read_table(f)
