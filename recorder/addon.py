@@ -122,7 +122,7 @@ class Recorder:
         if call is None:
             return
         call.request_body = flow.request.raw_content
-        self.writer.track(call.call_id, lambda: call.to_record(self.redactor))
+        self.writer.track(call.call_id, lambda full: call.to_record(self.redactor, full))
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         call = flow.metadata.get("forgerl")
@@ -167,7 +167,7 @@ class Recorder:
                 status=101, sse=True, response_headers=[("x-forgerl-transport", "websocket")],
                 policy_version=parent.policy_version)
             flow.metadata["forgerl_ws_call"] = current
-            self.writer.track(current.call_id, lambda: current.to_record(self.redactor))
+            self.writer.track(current.call_id, lambda full: current.to_record(self.redactor, full))
             return
         if current is None:
             return

@@ -21,6 +21,7 @@ from .redact import Redactor
 from .sse import SSEDecoder
 
 INCOMPLETE = "recorder stopped before the call finished"
+SPLIT_SECRET = "raw response withheld: a secret was split across stream frames"
 
 
 def utc(ts: float | None) -> datetime | None:
@@ -48,6 +49,7 @@ class CapturedCall:
     finished: bool = False
     sse: bool = False
     policy_version: str | None = None
+    _request_raw: bytes | None = field(default=None, repr=False)
     _request_exchange: Exchange | None = field(default=None, repr=False)
     _request_error: str | None = field(default=None, repr=False)
 
@@ -64,10 +66,16 @@ class CapturedCall:
         self.error = error
         self.finished = error is None
 
-    def to_record(self, redactor: Redactor) -> CallRecord:
-        """A call row from what has been seen so far (a snapshot if still running)."""
-        request_headers = redactor.headers(self.request_headers)
-        request_raw = redactor.body(self.request_body)
+    def to_record(self, redactor: Redactor, full: bool = True) -> CallRecord:
+        """A call row from what has been seen so far.
+
+        `full=False` is the in-flight snapshot taken on every flush: raw bytes
+        and times only, so it stays cheap for hundreds of open streams; a call
+        recovered from it can be re-derived from its raw bytes.
+        """
+        if self._request_raw is None:
+            self._request_raw = redactor.body(self.request_body) or b""
+        request_raw = self._request_raw
         response_raw = redactor.body(b"".join(self.chunks))
         codec = codec_for(self.path)
         record = CallRecord(
@@ -75,10 +83,14 @@ class CapturedCall:
             api=codec.name if codec else "raw", method=self.method, path=redactor.path(self.path),
             upstream=self.upstream, status=self.status, streamed=self.sse,
             t_start=utc(self.t_start), t_first_byte=utc(self.t_first_byte), t_end=utc(self.t_end),
-            request_headers=request_headers, response_headers=redactor.headers(self.response_headers),
+            request_headers=redactor.headers(self.request_headers),
+            response_headers=redactor.headers(self.response_headers),
             request_raw=request_raw, response_raw=response_raw, complete=self.finished,
             policy_version=self.policy_version,
         )
+        if not full:
+            record.error = self.error or INCOMPLETE
+            return record
         errors = [self.error] if self.error else []
         if codec is not None and (self.method == "POST" or self.websocket):
             exchange = self._parse_request(codec, request_raw)
@@ -90,6 +102,8 @@ class CapturedCall:
                 if response_error:
                     errors.append(response_error)
                 if isinstance(record.response, dict):
+                    if _redact_reassembled(record, redactor):
+                        errors.append(SPLIT_SECRET)
                     try:
                         codec.parse_response(record.response, exchange)
                     except Exception as e:  # a shape we do not know: the raw bytes are kept
@@ -102,7 +116,7 @@ class CapturedCall:
         return record
 
     def _parse_request(self, codec: Codec, request_raw: bytes | None) -> Exchange | None:
-        """Parse once: snapshots of a long stream ask again every flush."""
+        """Parse once: a call may be turned into a record more than once."""
         if self._request_exchange is None and self._request_error is None:
             try:
                 body = json.loads(request_raw or b"")
@@ -116,6 +130,18 @@ class CapturedCall:
         if self._request_exchange is None:
             return None
         return replace(self._request_exchange, output=[])
+
+
+def _redact_reassembled(record: CallRecord, redactor: Redactor) -> bool:
+    """Redact the reassembled body; a secret found only here was split across
+    frames, so the raw stream still holds its pieces and is not kept."""
+    text = json.dumps(record.response, ensure_ascii=False).encode()
+    redacted = redactor.body(text)
+    if redacted == text:
+        return False
+    record.response = json.loads(redacted)
+    record.response_raw = None
+    return True
 
 
 def _reassemble(codec: Codec, call: CapturedCall, raw: bytes | None) -> tuple[dict | None, str | None]:

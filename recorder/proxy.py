@@ -7,6 +7,7 @@ run it on a background thread (`BackgroundRecorder`) while a harness talks to it
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import threading
@@ -17,6 +18,7 @@ from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
 from .addon import Recorder, Upstream
+from .redact import Redactor
 
 ANTHROPIC_API = "https://api.anthropic.com"
 OPENAI_API = "https://api.openai.com"
@@ -37,8 +39,13 @@ class RecorderConfig:
     confdir: str = "~/.mitmproxy"
 
     def __post_init__(self) -> None:
+        # Validate here, so bad input is one clear line before any socket opens.
         for url in (self.upstream_anthropic, self.upstream_openai):
-            Upstream(url)  # validates: a clear message before any socket opens
+            Upstream(url)
+        if self.redact_rules:
+            Redactor.from_file(self.redact_rules)
+        if self.labels and not isinstance(json.loads(self.labels), dict):
+            raise ValueError(f"--labels must be a JSON object, got {self.labels!r}")
         if self.listen_port == 0:
             self.listen_port = free_port(self.listen_host)
 
@@ -72,6 +79,9 @@ def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tup
     master.addons.add(Recorder(), ready)
     opts.update(
         termlog_verbosity="warn",
+        # Read the request before connecting upstream, so a call to an upstream
+        # that is down is still recorded (with its error) rather than dropped.
+        connection_strategy="lazy",
         forge_out=str(config.out),
         forge_session=config.session,
         forge_upstream_anthropic="" if config.forward else config.upstream_anthropic,

@@ -21,23 +21,37 @@ SECRET_HEADERS = frozenset({
 })
 SECRET_QUERY = re.compile(rb"(?i)([?&](?:key|api_key|api-key|access_token|token)=)[^&#\s\"]+")
 
-# Key shapes of the vendors harnesses talk to, and the generic forms they take.
-KEY_PATTERNS: tuple[str, ...] = (
-    r"sk-ant-[A-Za-z0-9_\-]{8,}",                  # Anthropic
-    r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",  # OpenAI
-    r"AKIA[0-9A-Z]{16}",                            # AWS access key id
-    r"gh[pousr]_[A-Za-z0-9]{30,}",                  # GitHub
-    r"github_pat_[A-Za-z0-9_]{40,}",
-    r"xox[baprs]-[A-Za-z0-9\-]{10,}",               # Slack
-    r"AIza[0-9A-Za-z_\-]{35}",                      # Google
-    r"hf_[A-Za-z0-9]{30,}",                         # Hugging Face
-    r"(?i)bearer\s+[A-Za-z0-9._~+/\-]{16,}=*",
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
+# Key shapes of the vendors harnesses talk to, and the generic forms they take,
+# each with the literals one of which every match contains: `bytes.find` on
+# those is ~100x faster than a regex scan, and most bodies hold none of them.
+KEY_PATTERNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"sk-(?:ant-|proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),   # Anthropic, OpenAI
+    (r"AKIA[0-9A-Z]{16}", ("AKIA",)),                                         # AWS access key id
+    (r"gh[pousr]_[A-Za-z0-9]{30,}", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),  # GitHub
+    (r"github_pat_[A-Za-z0-9_]{40,}", ("github_pat_",)),
+    (r"xox[baprs]-[A-Za-z0-9\-]{10,}", ("xox",)),                             # Slack
+    (r"AIza[0-9A-Za-z_\-]{35}", ("AIza",)),                                  # Google
+    (r"hf_[A-Za-z0-9]{30,}", ("hf_",)),                                       # Hugging Face
+    (r"(?i:bearer)\s+[A-Za-z0-9._~+/\-]{16,}=*", ("bearer", "Bearer", "BEARER")),
+    (r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----", ("PRIVATE KEY",)),
 )
-# `.env`-style lines whose name says secret: keep the name, drop the value.
-ENV_LINE = r"(?m)(?<![A-Za-z0-9_])((?:export\s+)?[A-Z][A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD)[A-Z0-9_]*\s*=\s*)[^\s\"'\\]+"
+# `.env`-style lines whose name says secret: keep the name, drop the value. They may
+# sit inside JSON strings, after an escaped newline.
+ENV_LINE = (r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9_]))((?:export\s+)?[A-Z][A-Z0-9_]*"
+            r"(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD)[A-Z0-9_]*\s*=\s*)[^\s\"'\\]+")
+ENV_ANCHORS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")
 
 _PROTECTED = re.compile(rb'"(?:signature|encrypted_content|data)"\s*:\s*"(?:[^"\\]|\\.)*"')
+
+
+@dataclass(frozen=True)
+class _Rule:
+    pattern: re.Pattern[bytes]
+    anchors: tuple[bytes, ...]  # empty: always scan
+    replacement: bytes
+
+    def may_match(self, data: bytes) -> bool:
+        return not self.anchors or any(a in data for a in self.anchors)
 
 
 @dataclass
@@ -47,9 +61,12 @@ class Redactor:
     extra: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        patterns = [*KEY_PATTERNS, *self.extra]
-        self._keys = re.compile("|".join(f"(?:{p})" for p in patterns).encode())
-        self._env = re.compile(ENV_LINE.encode())
+        mask = REDACTED.encode()
+        self._rules = [_Rule(re.compile(p.encode()), tuple(a.encode() for a in anchors), mask)
+                       for p, anchors in KEY_PATTERNS]
+        self._rules.append(_Rule(re.compile(ENV_LINE.encode()), tuple(a.encode() for a in ENV_ANCHORS),
+                                 rb"\1" + mask))
+        self._rules += [_Rule(re.compile(p.encode()), (), mask) for p in self.extra]
         self._literals: list[bytes] = []
 
     @classmethod
@@ -90,16 +107,19 @@ class Redactor:
             return data
         for literal in self._literals:
             data = data.replace(literal, REDACTED.encode())
-        if not self._keys.search(data) and not self._env.search(data):
+        rules = [r for r in self._rules if r.may_match(data) and r.pattern.search(data)]
+        if not rules:
             return data
-        protected = [m.span() for m in _PROTECTED.finditer(data)]
         out, last = [], 0
-        for start, end in protected:
-            out.append(self._redact_plain(data[last:start]))
+        for start, end in (m.span() for m in _PROTECTED.finditer(data)):
+            out.append(_apply(rules, data[last:start]))
             out.append(data[start:end])
             last = end
-        out.append(self._redact_plain(data[last:]))
+        out.append(_apply(rules, data[last:]))
         return b"".join(out)
 
-    def _redact_plain(self, data: bytes) -> bytes:
-        return self._env.sub(rb"\1" + REDACTED.encode(), self._keys.sub(REDACTED.encode(), data))
+
+def _apply(rules: list[_Rule], data: bytes) -> bytes:
+    for rule in rules:
+        data = rule.pattern.sub(rule.replacement, data)
+    return data

@@ -29,7 +29,7 @@ def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
 
 SESSION_SQL = """
 SELECT c.session_id,
-       any_value(s.harness) AS harness,
+       coalesce(any_value(s.harness), 'unknown') AS harness,
        count(*) AS calls,
        min(c.t_start) AS started,
        max(coalesce(c.t_end, c.t_start)) AS ended,
@@ -38,7 +38,8 @@ SELECT c.session_id,
        coalesce(sum(c.cache_read_tokens), 0) AS cache_read,
        coalesce(sum(c.cache_write_tokens), 0) AS cache_write,
        count(*) FILTER (WHERE c.error IS NOT NULL) AS errors
-FROM calls c LEFT JOIN (SELECT session_id, any_value(harness) AS harness FROM sessions GROUP BY 1) s USING (session_id)
+FROM calls c LEFT JOIN (SELECT session_id, any_value(harness) FILTER (WHERE harness <> 'unknown') AS harness
+                        FROM sessions GROUP BY 1) s USING (session_id)
 {where}
 GROUP BY c.session_id ORDER BY started
 """

@@ -56,15 +56,17 @@ class CallRecord:
     writer_id: str = ""
 
 
-def _refs(messages: Iterable[Message]) -> tuple[list[str], list[int], list[str], list[tuple[str, Part]]]:
-    refs, msg_index, roles, parts = [], [], [], []
+def _refs(messages: Iterable[Message]) -> tuple[list[str], list[int], list[str], list[str | None],
+                                                  list[tuple[str, Part]]]:
+    refs, msg_index, roles, extras, parts = [], [], [], [], []
     for i, message in enumerate(messages):
         roles.append(message.role)
+        extras.append(canonical_json(message.extra) if message.extra else None)
         for part in message.parts:
             refs.append(part.hash(message.role))
             msg_index.append(i)
             parts.append((message.role, part))
-    return refs, msg_index, roles, parts
+    return refs, msg_index, roles, extras, parts
 
 
 def _message_row(part_hash: str, role: str, part: Part, record: CallRecord, direction: str) -> dict:
@@ -97,8 +99,8 @@ def call_rows(record: CallRecord, seen_parts: set[str], seen_blobs: set[str]) ->
     """Rows for one call; `seen_*` (this session's already-written hashes) are updated."""
     ex = record.exchange or Exchange()
     usage = ex.usage
-    in_refs, in_msg, in_roles, in_parts = _refs(ex.input)
-    out_refs, out_msg, out_roles, out_parts = _refs(ex.output)
+    in_refs, in_msg, in_roles, in_extra, in_parts = _refs(ex.input)
+    out_refs, out_msg, out_roles, out_extra, out_parts = _refs(ex.output)
     message_rows: list[dict] = []
     blob_rows: list[dict] = []
     media_by_blob: dict[str, str | None] = {}
@@ -153,9 +155,11 @@ def call_rows(record: CallRecord, seen_parts: set[str], seen_blobs: set[str]) ->
         "input_refs": in_refs,
         "input_msg": in_msg,
         "input_roles": in_roles,
+        "input_extra": in_extra,
         "output_refs": out_refs,
         "output_msg": out_msg,
         "output_roles": out_roles,
+        "output_extra": out_extra,
         "prompt_token_ids": ex.prompt_token_ids,
         "completion_token_ids": ex.completion_token_ids,
         "completion_logprobs": ex.completion_logprobs,
@@ -169,10 +173,18 @@ def _json_or_none(value: Any) -> str | None:
 
 
 def messages_from_refs(refs: list[str], msg_index: list[int], roles: list[str],
-                       parts_by_hash: Mapping[str, str]) -> list[Message]:
+                       parts_by_hash: Mapping[str, str], extras: list[str | None] | None = None) -> list[Message]:
     """Rebuild a call's messages from its refs and a {part_hash: part JSON} map."""
     grouped: list[list[Part]] = [[] for _ in roles]
     for part_hash, i in zip(refs, msg_index):
         grouped[i].append(Part.from_dict(json.loads(parts_by_hash[part_hash])))
-    return [Message(role=role, parts=tuple(parts)) for role, parts in zip(roles, grouped)]
+    extras = extras or [None] * len(roles)
+    return [Message(role=role, parts=tuple(parts), extra=json.loads(extra) if extra else None)
+            for role, parts, extra in zip(roles, grouped, extras)]
+
+
+def call_messages(call: Mapping, parts_by_hash: Mapping[str, str], direction: str = "input") -> list[Message]:
+    """A `calls` row's input or output messages, whole."""
+    return messages_from_refs(call[f"{direction}_refs"], call[f"{direction}_msg"], call[f"{direction}_roles"],
+                              parts_by_hash, call[f"{direction}_extra"])
 

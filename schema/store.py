@@ -43,6 +43,7 @@ FORMAT = "forgerl-dataset"
 VERSION_KEY = b"forgerl.schema_version"
 TABLE_KEY = b"forgerl.table"
 _SESSION_CACHE = 10_000
+_UNSEEN = object()
 
 
 class DatasetError(ValueError):
@@ -187,8 +188,8 @@ class DatasetWriter:
         self._flush_mutex = threading.Lock()
         self._rows: dict[str, list[dict]] = {name: [] for name in TABLES}
         self._seen: OrderedDict[str, tuple[set[str], set[str]]] = OrderedDict()
-        self._sessions: set[str] = set()
-        self._inflight: dict[str, Callable[[], CallRecord]] = {}
+        self._sessions: dict[str, str | None] = {}
+        self._inflight: dict[str, Callable[[bool], CallRecord]] = {}
         self._inflight_written = False
         self._file_seq = 0
         self._call_seq = 0
@@ -206,10 +207,13 @@ class DatasetWriter:
 
     def add_session(self, session_id: str, *, harness: str | None = None, user_agent: str | None = None,
                     labels: dict | None = None) -> None:
+        """A session row the first time it is seen, and again once its harness becomes known
+        (a harness's first request may be a bare connectivity probe)."""
         with self._mutex:
-            if session_id in self._sessions:
-                return
-            self._sessions.add(session_id)
+            known = self._sessions.get(session_id, _UNSEEN)
+            if known is not _UNSEEN and (known not in (None, "unknown") or harness in (None, "unknown")):
+                return  # already written, and this call tells us nothing new about the harness
+            self._sessions[session_id] = harness
             self._rows["sessions"].append({
                 "session_id": session_id, "first_seen": datetime.now(timezone.utc), "harness": harness,
                 "user_agent": user_agent, "source": self.source,
@@ -225,8 +229,12 @@ class DatasetWriter:
             self._rows["blobs"].extend(blobs)
             self._inflight.pop(record.call_id, None)
 
-    def track(self, call_id: str, snapshot: Callable[[], CallRecord]) -> None:
-        """Register an unfinished call; `snapshot()` must be cheap and thread-safe."""
+    def track(self, call_id: str, snapshot: Callable[[bool], CallRecord]) -> None:
+        """Register an unfinished call.
+
+        `snapshot(False)` is taken on every flush and must be cheap and
+        thread-safe; `snapshot(True)`, taken once at close, may do full work.
+        """
         with self._mutex:
             self._inflight[call_id] = snapshot
 
@@ -268,7 +276,7 @@ class DatasetWriter:
                                        table, name)
             self._write_inflight(snapshots)
 
-    def _write_inflight(self, snapshots: list[Callable[[], CallRecord]]) -> None:
+    def _write_inflight(self, snapshots: list[Callable[[bool], CallRecord]]) -> None:
         path = self.root / "_inflight" / f"{self.writer_id}.parquet"
         if not snapshots:
             if self._inflight_written:
@@ -278,7 +286,7 @@ class DatasetWriter:
         rows = []
         for snapshot in snapshots:
             try:
-                record = snapshot()
+                record = snapshot(False)
             except Exception:  # a call finishing concurrently; the next flush has it
                 continue
             record.writer_id = self.writer_id
@@ -296,7 +304,7 @@ class DatasetWriter:
             snapshots = list(self._inflight.values())
             self._inflight.clear()
         for snapshot in snapshots:
-            record = snapshot()
+            record = snapshot(True)
             record.complete = False
             record.error = record.error or "recorder stopped before the call finished"
             self.add_call(record)

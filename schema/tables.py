@@ -8,7 +8,8 @@ Tables (each a folder of Parquet files under the dataset root):
 - blobs:    image and other large payload bytes, once per session, by hash.
 
 A call's input is `input_refs` (part hashes, in order) with `input_msg` giving
-each part's message index and `input_roles` each message's role; output the same.
+each part's message index, `input_roles` each message's role and
+`input_extra` each message's vendor layout hints (JSON or null); output the same.
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ CALLS = pa.schema([
     ("input_refs", pa.list_(pa.string())),
     ("input_msg", pa.list_(pa.int32())),
     ("input_roles", pa.list_(pa.string())),
+    ("input_extra", pa.list_(pa.string())),
     ("output_refs", pa.list_(pa.string())),
     ("output_msg", pa.list_(pa.int32())),
     ("output_roles", pa.list_(pa.string())),
+    ("output_extra", pa.list_(pa.string())),
     ("prompt_token_ids", pa.list_(pa.int32())),
     ("completion_token_ids", pa.list_(pa.int32())),
     ("completion_logprobs", pa.list_(pa.float32())),

@@ -1,0 +1,76 @@
+"""API codecs: each model API's wire format to the canonical message model and back.
+
+A codec (`anthropic`, `responses`, `chat`, `completions`) parses a request
+body into an `Exchange` and renders it back exactly, reassembles a stream
+into the body the non-streaming call would have returned, and reads that
+body's output, usage and errors. The recorder picks one by path with
+`codec_for`; paths without a codec (count_tokens, retrievals, anything
+unknown) are recorded raw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from forgerl.recorder.apis.anthropic import CODEC as ANTHROPIC
+from forgerl.recorder.apis.chat import CODEC as CHAT
+from forgerl.recorder.apis.completions import CODEC as COMPLETIONS
+from forgerl.recorder.apis.responses import CODEC as RESPONSES
+from forgerl.recorder.sse import SSEEvent
+from forgerl.schema.messages import Exchange
+
+__all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "RESPONSES", "Codec", "StreamAssembler", "codec_for"]
+
+
+class StreamAssembler(Protocol):
+    """Turns one response stream's events back into a response body.
+
+    `feed` never raises: malformed frames and error events set `error`
+    (the first problem seen), unknown events are ignored. `result` may be
+    called at any time, so a cut stream still yields what had arrived.
+    """
+
+    error: str | None
+    done: bool  # the terminal event was seen
+    first_token_seen: bool
+
+    def feed(self, event: SSEEvent) -> None: ...
+
+    def result(self) -> dict[str, Any]: ...
+
+
+class Codec(Protocol):
+    name: str  # "anthropic" | "responses" | "chat" | "completions"
+
+    def parse_request(self, body: dict[str, Any]) -> Exchange:
+        """input (system prompts first), params (the rest of the body), tools, model_requested, blobs."""
+        ...
+
+    def render_request(self, exchange: Exchange, blobs: Mapping[str, bytes]) -> dict[str, Any]:
+        """The inverse: `render_request(parse_request(b), parse_request(b).blobs) == b`."""
+        ...
+
+    def new_stream(self) -> StreamAssembler: ...
+
+    def parse_response(self, body: dict[str, Any], exchange: Exchange) -> None:
+        """Fill output, usage, stop_reason, model_returned, error (and token ids / logprobs where sent)."""
+        ...
+
+
+# Matched on the path's last segments, so any prefix ("/v1", "/openai/v1", a gateway's) works.
+_BY_SUFFIX: tuple[tuple[tuple[str, ...], Codec], ...] = (
+    (("chat", "completions"), CHAT),
+    (("completions",), COMPLETIONS),
+    (("responses",), RESPONSES),
+    (("messages",), ANTHROPIC),
+)
+
+
+def codec_for(path: str) -> Codec | None:
+    """The codec for a request path (session prefix already stripped; query string ignored)."""
+    segments = tuple(segment for segment in path.split("?", 1)[0].split("/") if segment)
+    for suffix, codec in _BY_SUFFIX:
+        if segments[-len(suffix):] == suffix:
+            return codec
+    return None

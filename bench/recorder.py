@@ -1,0 +1,579 @@
+"""Recorder latency, throughput and capacity against bare mitmdump, side by side.
+
+    .venv/bin/python bench/recorder.py            # full run, ~10 min
+    .venv/bin/python bench/recorder.py --quick    # smoke run, < 2 min
+
+Every piece runs in its own process: the scripted upstream
+(`python -m forgerl.recorder.scripted`), the proxy under test, and the load
+generator (`bench/loadgen.py`, aiohttp, one fresh connection per request).
+The same load goes through each configuration in turn:
+
+    direct              no proxy
+    mitmdump            bare `mitmdump -q --mode reverse:UP@127.0.0.1:PORT --set stream_large_bodies=1`
+    forge-record        `forge-record serve --upstream UP --listen 127.0.0.1:PORT --out DIR`
+    mitmdump-tuned      bare mitmdump + the TUNED options below
+    forge-addon-tuned   `mitmdump -q -s recorder/addon.py --mode ... --set forge_out=DIR` + TUNED
+
+Trials are interleaved (every configuration once per trial, in rotated
+order) and the tables show the median over trials of each per-trial figure,
+so slow drift and other processes on the machine hit every configuration
+alike. The targets (DESIGN.md §9) are ratios against bare mitmdump; absolute
+times are printed but never judged. Exit status is 0 unless something broke
+(a failed or lost stream, a proxy that would not start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BIN = Path(sys.executable).parent
+PY = sys.executable
+LOADGEN = str(HERE / "loadgen.py")
+ADDON = str(ROOT / "recorder" / "addon.py")
+
+# Cheapest mitmproxy settings for a loopback reverse-proxy recorder (see README "Profiling").
+TUNED = [
+    "connection_strategy=lazy",
+]
+
+STREAM_CHUNKS, STREAM_DELAY = 50, 0.02  # latency load: one stream ~1 s
+CAP_DELAY = 0.1  # capacity load: slow streams, 100 ms between chunks
+
+
+# ------------------------------------------------------------------ processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with status {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"not listening on {port} after {timeout:.0f} s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, from /proc (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def machine_busy() -> float:
+    """CPU-seconds the whole machine has been busy since boot (all cores)."""
+    try:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = values[3] + values[4]
+        return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+class Process:
+    """A child process with its output in a log file; stopped with SIGTERM."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_dir / f"{name}-{int(time.time() * 1000)}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     cwd=ROOT, start_new_session=True)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def start_upstream(log_dir: Path, chunks: int, delay: float) -> tuple[Process, str]:
+    """The scripted model server in its own process (bench/loadgen.py's if forgerl's is missing)."""
+    port = free_port()
+    try:
+        import forgerl.recorder.scripted  # noqa: F401
+        argv = [PY, "-m", "forgerl.recorder.scripted", "--port", str(port),
+                "--chunks", str(chunks), "--chunk-delay", str(delay)]
+    except ImportError:
+        argv = [PY, LOADGEN, "upstream", "--port", str(port), "--chunks", str(chunks), "--chunk-delay", str(delay)]
+    up = Process(f"upstream-{chunks}x{delay}", argv, log_dir)
+    wait_port(port, up.proc)
+    UPSTREAM_PIDS[:] = [up.proc.pid]
+    return up, f"http://127.0.0.1:{port}"
+
+
+@dataclass
+class Config:
+    name: str
+    kind: str  # direct | mitmdump | forge-record | addon
+    tuned: bool = False
+    records: bool = False
+
+    def argv(self, upstream: str, port: int, out: Path) -> list[str] | None:
+        mode = f"reverse:{upstream}@127.0.0.1:{port}"
+        sets = [a for opt in (TUNED if self.tuned else []) for a in ("--set", opt)]
+        if self.kind == "direct":
+            return None
+        if self.kind == "mitmdump":
+            return [str(BIN / "mitmdump"), "-q", "--mode", mode, "--set", "stream_large_bodies=1", *sets]
+        if self.kind == "forge-record":
+            return [str(BIN / "forge-record"), "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
+                    "--out", str(out)]
+        if self.kind == "addon":
+            return [str(BIN / "mitmdump"), "-q", "-s", ADDON, "--mode", mode, "--set", f"forge_out={out}", *sets]
+        raise ValueError(self.kind)
+
+
+CONFIGS = {c.name: c for c in [
+    Config("direct", "direct"),
+    Config("mitmdump", "mitmdump"),
+    Config("forge-record", "forge-record", records=True),
+    Config("mitmdump-tuned", "mitmdump", tuned=True),
+    Config("forge-addon-tuned", "addon", tuned=True, records=True),
+]}
+
+
+@dataclass
+class Proxy:
+    config: Config
+    url: str
+    out: Path
+    process: Process | None = None
+    sent_ok: int = 0  # successful calls sent through it, to compare with the recorded rows
+
+    @classmethod
+    def start(cls, config: Config, upstream: str, work: Path) -> Proxy:
+        if config.kind == "direct":
+            return cls(config, upstream, work)
+        port = free_port()
+        out = Path(tempfile.mkdtemp(prefix=f"{config.name}-", dir=work))
+        process = Process(config.name, config.argv(upstream, port, out / "data"), work)
+        try:
+            wait_port(port, process.proc)
+        except RuntimeError as e:
+            process.stop()
+            raise RuntimeError(f"{config.name}: {e}\n{process.tail()}") from None
+        return cls(config, f"http://127.0.0.1:{port}", out / "data", process)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.proc.pid if self.process else None
+
+    def stop(self) -> dict:
+        """SIGTERM; for a recording proxy, count the complete calls it wrote."""
+        if self.process is None:
+            return {}
+        status = self.process.stop()
+        info: dict = {"exit": status, "sent_ok": self.sent_ok}
+        if self.config.records:
+            from forgerl.schema.store import read_table
+            try:
+                calls = read_table(self.out, "calls", columns=["call_id", "complete"])
+                complete = sum(1 for v in calls.column("complete").to_pylist() if v)
+                info.update(rows=calls.num_rows, complete=complete,
+                            unique=len(set(calls.column("call_id").to_pylist())))
+            except Exception as e:  # a broken dataset is a finding, reported by the caller
+                info.update(read_error=f"{type(e).__name__}: {e}")
+        return info
+
+
+UPSTREAM_PIDS: list[int] = []  # CPU they use is ours, not "other load"
+
+
+def loadgen(proxy: Proxy | None, url: str, *args: str, timeout: float = 300) -> dict:
+    """Run one load in its own process; return its JSON result, plus the CPU the proxy used
+    (`proxy_cpu`, s) and the CPU other processes on the machine used (`other_load`, in cores)."""
+    pid = proxy.pid if proxy else None
+    ours = [p for p in (pid, *UPSTREAM_PIDS) if p]
+    cpu0 = {p: cpu_seconds(p) for p in ours}
+    child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy0 = machine_busy()
+    t0 = time.monotonic()
+    done = subprocess.run([PY, LOADGEN, *args, "--url", url], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+    wall = time.monotonic() - t0
+    busy = machine_busy() - busy0
+    child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"loadgen {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout)
+    used = {p: cpu_seconds(p) - cpu0[p] for p in ours}
+    result["proxy_cpu"] = used.get(pid, 0.0) if pid else 0.0
+    loadgen_cpu = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
+    result["other_load"] = max(0.0, busy - sum(used.values()) - loadgen_cpu) / wall
+    result["wall"] = wall
+    if proxy is not None:
+        proxy.sent_ok += result.get("ok", 0)
+    return result
+
+
+def quiet_loadgen(args, proxy: Proxy | None, url: str, *load: str) -> dict:
+    """`loadgen`, rerun (up to --retries times) while other processes took more than
+    --max-other cores; keeps the quietest attempt."""
+    best = None
+    for attempt in range(1 + args.retries):
+        result = loadgen(proxy, url, *load)
+        if result.get("ok") != result.get("n", result.get("ok")) or result.get("errors"):
+            return result  # a failure is reported, however noisy the machine was
+        if best is None or result["other_load"] < best["other_load"]:
+            best = result
+        if result["other_load"] <= args.max_other or attempt == args.retries:
+            break
+        print(f"    other processes used {result['other_load']:.2f} cores during {' '.join(load[:3])}; rerunning",
+              file=sys.stderr, flush=True)
+    return best
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+def med(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def ms(v: float, signed: bool = False) -> str:
+    if v != v:
+        return "-"
+    return f"{v * 1000:+.1f}" if signed else f"{v * 1000:.1f}"
+
+
+@dataclass
+class Cell:
+    shape: str
+    concurrency: int
+    duration: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.shape[:4]}-{self.concurrency}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.concurrency:>3} {self.shape}"
+
+
+@dataclass
+class Results:
+    """trial -> config -> cell key -> per-trial summary."""
+    stream: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
+    hammer: dict[str, list[dict]] = field(default_factory=dict)
+    capacity: dict[str, dict] = field(default_factory=dict)
+    recorded: dict[str, list[dict]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def add_stream(self, config: str, cell: Cell, raw: dict) -> None:
+        summary = {
+            "n": raw["n"], "ok": raw["ok"], "errors": raw["errors"], "chunks": raw["chunks"],
+            "ttft_p50": pct(raw["ttft"], 50), "ttft_p99": pct(raw["ttft"], 99),
+            "total_p50": pct(raw["total"], 50), "total_p99": pct(raw["total"], 99),
+            "streams_per_s": raw["streams_per_s"],
+            "cpu_per_stream": raw["proxy_cpu"] / raw["ok"] if raw["ok"] else float("nan"),
+            "other_load": raw["other_load"],
+        }
+        self.stream.setdefault(config, {}).setdefault(cell.key, []).append(summary)
+        if raw["ok"] != raw["n"] or raw["chunks"] not in ([], [STREAM_CHUNKS]):
+            self.failures.append(f"{config} {cell.label}: {raw['n'] - raw['ok']} of {raw['n']} streams failed "
+                                 f"{raw['errors']}, chunk counts {raw['chunks']}")
+
+    def stat(self, config: str, key: str, name: str) -> float:
+        return med([t[name] for t in self.stream.get(config, {}).get(key, [])])
+
+    def added(self, config: str, key: str, name: str) -> float:
+        """Median over trials of (proxied − direct) for one statistic, paired within each trial."""
+        mine, direct = self.stream.get(config, {}).get(key, []), self.stream.get("direct", {}).get(key, [])
+        return med([a[name] - b[name] for a, b in zip(mine, direct)])
+
+
+# ------------------------------------------------------------------ the run
+
+
+def run_trials(args, configs: list[Config], cells: list[Cell], work: Path, res: Results) -> None:
+    up, upstream = start_upstream(work, STREAM_CHUNKS, STREAM_DELAY)
+    try:
+        for trial in range(args.trials):
+            order = configs[trial % len(configs):] + configs[:trial % len(configs)]
+            for config in order:
+                t_cfg = time.monotonic()
+                try:
+                    proxy = Proxy.start(config, upstream, work)
+                except RuntimeError as e:
+                    res.failures.append(str(e))
+                    continue
+                try:
+                    target = proxy if config.kind != "direct" else None
+                    # Warm up: the first flows through a fresh mitmproxy import and set up lazily.
+                    loadgen(target, proxy.url, "stream", "-c", "4", "--shape", "lockstep", "--duration", "0.01")
+                    loadgen(target, proxy.url, "hammer", "-c", "4", "--duration", "0.3")
+                    for i, cell in enumerate(cells):
+                        raw = quiet_loadgen(args, target, proxy.url, "stream", "-c", str(cell.concurrency), "--shape", cell.shape,
+                                      "--duration", str(cell.duration), "--stream-len",
+                                      str(STREAM_CHUNKS * STREAM_DELAY), "--seed", str(trial * 100 + i))
+                        res.add_stream(config.name, cell, raw)
+                    raw = quiet_loadgen(args, target, proxy.url, "hammer", "-c", str(args.hammer_workers),
+                                  "--duration", str(args.hammer_s))
+                    raw["cpu_per_request"] = raw["proxy_cpu"] / raw["ok"] if raw["ok"] else float("nan")
+                    res.hammer.setdefault(config.name, []).append(raw)
+                    if raw["errors"]:
+                        res.failures.append(f"{config.name} hammer: {raw['errors']} errors ({raw['last_error']})")
+                finally:
+                    info = proxy.stop()
+                check_recorded(config.name, info, res)
+                print(f"  trial {trial + 1}/{args.trials} {config.name:<18} {time.monotonic() - t_cfg:5.1f} s",
+                      file=sys.stderr, flush=True)
+    finally:
+        up.stop()
+
+
+def check_recorded(name: str, info: dict, res: Results) -> None:
+    if not info:
+        return
+    if info.get("exit") not in (0, None):
+        res.failures.append(f"{name}: exited with status {info['exit']} on SIGTERM")
+    if "read_error" in info:
+        res.failures.append(f"{name}: could not read its dataset: {info['read_error']}")
+    elif "complete" in info and info["complete"] < info["sent_ok"]:
+        res.failures.append(f"{name}: {info['sent_ok'] - info['complete']} of {info['sent_ok']} completed calls "
+                            "missing from the dataset")
+    if "complete" in info:
+        res.recorded.setdefault(name, []).append(info)
+
+
+def run_capacity(args, work: Path, res: Results, names: list[str]) -> None:
+    up, upstream = start_upstream(work, args.cap_chunks, CAP_DELAY)
+    try:
+        for name in names:
+            config = CONFIGS[name]
+            proxy = Proxy.start(config, upstream, work)
+            try:
+                raw = loadgen(proxy, proxy.url, "capacity", "-n", str(args.cap_streams), "--ramp", "1.0",
+                              timeout=120 + args.cap_chunks * CAP_DELAY * 4)
+            finally:
+                info = proxy.stop()
+            lost = raw["n"] - raw["ok"]
+            wrong = [c for c in raw["chunks"] if c != args.cap_chunks]
+            entry = {"n": raw["n"], "ok": raw["ok"], "peak_open": raw["peak_open"], "errors": raw["errors"],
+                     "ttft_p50": pct(raw["ttft"], 50), "ttft_p99": pct(raw["ttft"], 99),
+                     "total_p50": pct(raw["total"], 50), "total_p99": pct(raw["total"], 99),
+                     "proxy_cpu": raw["proxy_cpu"], **info}
+            if config.records:
+                entry["missing"] = raw["ok"] - info.get("complete", 0)
+            res.capacity[name] = entry
+            if lost or wrong:
+                res.failures.append(f"capacity {name}: {lost} of {raw['n']} streams lost {raw['errors']}"
+                                    + (f", chunk counts {raw['chunks']}" if wrong else ""))
+            check_recorded(f"capacity {name}", info, Results())  # rows checked below with the exact count
+            if config.records and entry.get("complete") != raw["n"]:
+                res.failures.append(f"capacity {name}: {entry.get('complete')} complete rows recorded for "
+                                    f"{raw['n']} streams ({info})")
+            print(f"  capacity {name:<18} {raw['ok']}/{raw['n']} streams, peak {raw['peak_open']} open",
+                  file=sys.stderr, flush=True)
+    finally:
+        up.stop()
+
+
+# ------------------------------------------------------------------ tables
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
+                                            for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
+
+
+def report(args, configs: list[Config], cells: list[Cell], res: Results) -> str:
+    names = [c.name for c in configs]
+    out = []
+    out.append(f"### Latency (ms; median of {args.trials} trial(s); added = proxied − direct, paired per trial)\n")
+    rows = []
+    for cell in cells:
+        for name in names:
+            if cell.key not in res.stream.get(name, {}):
+                continue
+            r = lambda s: res.stat(name, cell.key, s)  # noqa: E731
+            a = lambda s: res.added(name, cell.key, s)  # noqa: E731
+            n = sum(t["ok"] for t in res.stream[name][cell.key])
+            rows.append([cell.label, name, str(n), ms(r("ttft_p50")), ms(r("ttft_p99")), ms(r("total_p50")),
+                         ms(r("total_p99")), ms(a("ttft_p50"), True), ms(a("ttft_p99"), True),
+                         ms(a("total_p50"), True), ms(a("total_p99"), True),
+                         ms(r("cpu_per_stream")) if name != "direct" else "-", f"{r('other_load'):.2f}"])
+    out.append(table(["streams", "config", "n", "TTFT p50", "TTFT p99", "total p50", "total p99",
+                      "+TTFT p50", "+TTFT p99", "+total p50", "+total p99", "proxy CPU/stream", "other load"], rows))
+
+    out.append(f"\n### Throughput (median of {args.trials} trial(s))\n")
+    rows = []
+    for name in names:
+        h = res.hammer.get(name, [])
+        sps = {c.key: res.stat(name, c.key, "streams_per_s") for c in cells}
+        rows.append([name, f"{med([x['requests_per_s'] for x in h]):.0f}",
+                     ms(med([x['p50'] for x in h])),
+                     ms(med([x["cpu_per_request"] for x in h])) if name != "direct" else "-",
+                     *(f"{sps[c.key]:.2f}" for c in cells)])
+    out.append(table(["config", f"req/s ({args.hammer_workers} workers)", "req p50 ms", "proxy CPU/req ms",
+                      *(f"streams/s {c.key}" for c in cells)], rows))
+
+    if res.capacity:
+        out.append(f"\n### Capacity: {args.cap_streams} concurrent SSE streams, {args.cap_chunks} chunks "
+                   f"{CAP_DELAY * 1000:.0f} ms apart\n")
+        rows = []
+        for name, c in res.capacity.items():
+            rows.append([name, f"{c['ok']}/{c['n']}", str(c["peak_open"]),
+                         str(c.get("complete", "-")), ms(c["ttft_p50"]), ms(c["ttft_p99"]),
+                         ms(c["total_p50"]), ms(c["total_p99"]), f"{c['proxy_cpu']:.1f}"])
+        out.append(table(["config", "completed", "peak open", "recorded complete", "TTFT p50", "TTFT p99",
+                          "total p50", "total p99", "proxy CPU s"], rows))
+
+    out.append("\n### Targets (DESIGN.md §9): ratios against bare mitmdump\n")
+    out.append(targets(args, cells, res))
+    return "\n".join(out)
+
+
+def targets(args, cells: list[Cell], res: Results) -> str:
+    rows = []
+    pairs = [("forge-record", "mitmdump"), ("forge-addon-tuned", "mitmdump-tuned"), ("forge-addon-tuned", "mitmdump")]
+    pairs = [(a, b) for a, b in pairs if a in res.stream and b in res.stream and "direct" in res.stream]
+    for ours, base in pairs:
+        for cell in cells:
+            if cell.key not in res.stream[ours]:
+                continue
+            mine, theirs = res.added(ours, cell.key, "ttft_p50"), res.added(base, cell.key, "ttft_p50")
+            ok = mine <= max(theirs * 1.10, theirs + 0.001)
+            ratio = f"{mine / theirs:.2f}×" if theirs > 0 else "-"
+            goal = "target" if cell.shape == "staggered" else "(shown)"
+            rows.append([f"added TTFT p50, {cell.label}", f"{ours} vs {base}", f"{ms(mine, True)} vs "
+                         f"{ms(theirs, True)} ms", ratio, "≤ 1.10× or +1 ms", ("PASS" if ok else "MISS") + (
+                             "" if goal == "target" else " (info)")])
+        for what, get in (("req/s", lambda n: med([x["requests_per_s"] for x in res.hammer.get(n, [])])),
+                          ("streams/s 64 stag",
+                           lambda n: res.stat(n, "stag-64", "streams_per_s"))):
+            a, b = get(ours), get(base)
+            if a == a and b == b and b:
+                rows.append([f"throughput {what}", f"{ours} / {base}", f"{a:.1f} / {b:.1f}", f"{a / b:.2f}",
+                             "≥ 0.90", "PASS" if a / b >= 0.90 else "MISS"])
+    for name, c in res.capacity.items():
+        if CONFIGS[name].records:
+            ok = c["ok"] == c["n"] and c.get("complete") == c["n"]
+            rows.append([f"{c['n']} open SSE streams", name, f"{c['ok']} completed, {c.get('complete')} recorded",
+                         f"{c['n'] - c['ok']} lost", "0 lost", "PASS" if ok else "FAIL"])
+    return table(["target", "configs", "measured", "ratio", "goal", "result"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 trial, short loads (< 2 min)")
+    parser.add_argument("--trials", type=int, help="interleaved trials (default 3; --quick 1)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}")
+    parser.add_argument("--cells", default="", help="e.g. stag-1,stag-8,lock-8 (default: all)")
+    parser.add_argument("--no-capacity", action="store_true", help="skip the 500-stream capacity test")
+    parser.add_argument("--json", metavar="FILE", help="also write every per-trial figure here")
+    parser.add_argument("--max-other", type=float, default=0.25, metavar="CORES",
+                        help="rerun a load while other processes used more CPU than this (default 0.25 cores)")
+    parser.add_argument("--retries", type=int, default=2, help="reruns per load at most (default 2; --quick 0)")
+    args = parser.parse_args(argv)
+
+    quick = args.quick
+    args.trials = args.trials or (1 if quick else 3)
+    if quick and "--retries" not in (argv if argv is not None else sys.argv):
+        args.retries = 0
+    d = 2.0 if quick else 5.0
+    cells = [Cell("staggered", 1, 2.0 if quick else 8.0), Cell("staggered", 8, d), Cell("staggered", 64, d),
+             Cell("lockstep", 8, d), Cell("lockstep", 64, d)]
+    if quick:
+        cells = [c for c in cells if c.key != "lock-64"]
+    if args.cells:
+        wanted = args.cells.split(",")
+        cells = [c for c in cells if c.key in wanted]
+    args.hammer_workers, args.hammer_s = 32, (2.0 if quick else 5.0)
+    args.cap_streams, args.cap_chunks = 500, (20 if quick else 50)
+    unknown = set(args.configs.split(",")) - set(CONFIGS)
+    if unknown:
+        parser.error(f"unknown configs {sorted(unknown)}; choose from {list(CONFIGS)}")
+    configs = [CONFIGS[n] for n in args.configs.split(",")]
+    if "direct" not in args.configs.split(","):
+        configs.insert(0, CONFIGS["direct"])  # "added" needs the direct baseline
+
+    t0 = time.monotonic()
+    res = Results()
+    work = Path(tempfile.mkdtemp(prefix="forgerl-bench-"))
+    print(f"bench/recorder.py: {len(configs)} configs x {len(cells)} loads x {args.trials} trial(s) "
+          f"(logs in {work})", file=sys.stderr, flush=True)
+    try:
+        run_trials(args, configs, cells, work, res)
+        if not args.no_capacity:
+            run_capacity(args, work, res, ["forge-record"] if quick else ["mitmdump", "forge-record"])
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        res.failures.append(f"aborted: {e}")
+    mitm = subprocess.run([str(BIN / "mitmdump"), "--version"], capture_output=True, text=True).stdout
+    mitm_version = next((l.split()[-1] for l in mitm.splitlines() if l.startswith("Mitmproxy")), "?")
+    print(f"\n## Recorder benchmark — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
+          f"Python {sys.version.split()[0]}, mitmproxy {mitm_version}"
+          f"{' (--quick)' if quick else ''}, {time.monotonic() - t0:.0f} s\n")
+    print(f"Load: {STREAM_CHUNKS} chunks {STREAM_DELAY * 1000:.0f} ms apart per stream; tuned = "
+          f"{' '.join('--set ' + o for o in TUNED)}\n")
+    print(report(args, configs, cells, res))
+    if res.recorded:
+        print("\nRecorded (complete rows / successful calls sent): " + ", ".join(
+            f"{n}: " + " ".join(f"{i['complete']}/{i['sent_ok']}" for i in v) for n, v in res.recorded.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"stream": res.stream, "hammer": res.hammer,
+                                               "capacity": res.capacity, "recorded": res.recorded,
+                                               "failures": res.failures}, indent=1, default=str))
+    if res.failures:
+        print("\nBROKEN:\n  " + "\n  ".join(res.failures) + f"\n(process logs kept in {work})")
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""`make demo`: record three agent sessions against a scripted model, then show them.
+
+A scripted model server stands in for the vendors' APIs; `forge-record serve`
+sits in front of it; the official `anthropic` and `openai` SDKs run a small
+tool-using agent loop through it (Anthropic Messages, OpenAI Responses and
+Chat Completions, streaming). Then `forge-record ls` and `show` print what
+landed in the dataset. Nothing leaves this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anthropic
+import openai
+
+from forgerl.recorder.proxy import free_port
+from forgerl.recorder.scripted import ScriptedUpstream, ToolCall, Turn, sequence
+
+WEATHER_TOOL = {"name": "get_weather", "description": "Current weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+SCRIPT = sequence(Turn(text="Let me check.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})]),
+                  Turn(text="It is 21 C and sunny in Paris."))
+
+
+def get_weather(city: str) -> str:
+    return json.dumps({"city": city, "temp_c": 21, "sky": "sunny"})
+
+
+def anthropic_session(base: str) -> None:
+    client = anthropic.Anthropic(base_url=f"{base}/s/demo-anthropic", api_key="sk-ant-demo-not-a-real-key")
+    tool = {"name": WEATHER_TOOL["name"], "description": WEATHER_TOOL["description"],
+            "input_schema": WEATHER_TOOL["parameters"]}
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    while True:
+        with client.messages.stream(model="claude-demo", max_tokens=256, tools=[tool], messages=messages) as s:
+            reply = s.get_final_message()
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+        calls = [b for b in reply.content if b.type == "tool_use"]
+        if not calls:
+            return
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": c.id, "content": get_weather(**c.input)} for c in calls]})
+
+
+def responses_session(base: str) -> None:
+    client = openai.OpenAI(base_url=f"{base}/s/demo-responses/v1", api_key="sk-demo-not-a-real-key-000000")
+    tool = {"type": "function", **WEATHER_TOOL}
+    items: list = [{"role": "user", "content": "What's the weather in Paris?"}]
+    while True:
+        with client.responses.stream(model="gpt-demo", input=items, tools=[tool]) as s:
+            reply = s.get_final_response()
+        items += [o.model_dump(exclude_none=True) for o in reply.output]
+        calls = [o for o in reply.output if o.type == "function_call"]
+        if not calls:
+            return
+        items += [{"type": "function_call_output", "call_id": c.call_id,
+                   "output": get_weather(**json.loads(c.arguments))} for c in calls]
+
+
+def chat_session(base: str) -> None:
+    client = openai.OpenAI(base_url=f"{base}/s/demo-chat/v1", api_key="sk-demo-not-a-real-key-000000")
+    messages: list = [{"role": "user", "content": "What's the weather in Paris?"}]
+    while True:
+        reply = client.chat.completions.create(model="gpt-demo", messages=messages,
+                                               tools=[{"type": "function", "function": WEATHER_TOOL}])
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return
+        messages += [{"role": "tool", "tool_call_id": c.id,
+                      "content": get_weather(**json.loads(c.function.arguments))} for c in message.tool_calls]
+
+
+FORGE_RECORD = shutil.which("forge-record") or str(Path(sys.executable).with_name("forge-record"))
+
+
+def forge_record(*args: str) -> str:
+    return subprocess.run([FORGE_RECORD, *args], check=True, capture_output=True, text=True).stdout
+
+
+def main() -> int:
+    out = Path(os.environ.get("FORGE_DEMO_OUT") or tempfile.mkdtemp(prefix="forgerl-demo-")) / "data"
+    port = free_port()
+    with ScriptedUpstream(SCRIPT) as upstream:
+        proxy = subprocess.Popen([FORGE_RECORD, "serve", "--upstream", upstream.url, "--listen", f"127.0.0.1:{port}",
+                                  "--out", str(out)], stdout=subprocess.PIPE, text=True)
+        try:
+            print(proxy.stdout.readline().strip())
+            base = f"http://127.0.0.1:{port}"
+            for session in (anthropic_session, responses_session, chat_session):
+                session(base)
+            time.sleep(0.2)
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
+    print(f"\n$ forge-record ls {out}")
+    print(forge_record("ls", str(out)))
+    print(f"$ forge-record show {out} demo-anthropic")
+    print(forge_record("show", str(out), "demo-anthropic"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

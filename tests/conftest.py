@@ -1,0 +1,108 @@
+"""Shared fixtures: a scripted upstream, `forge-record serve` as a real process, dataset polling."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from forgerl.recorder.proxy import free_port
+from forgerl.schema import store
+
+REPO = Path(__file__).resolve().parent.parent
+FORGE_RECORD = shutil.which("forge-record") or str(Path(sys.executable).with_name("forge-record"))
+
+
+class RecorderProcess:
+    """`forge-record serve` in a subprocess: the real CLI, killable with -9."""
+
+    def __init__(self, out: Path, upstream: str, *extra: str):
+        self.out = out
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [FORGE_RECORD, "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{self.port}",
+                     "--out", str(out), *extra]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> RecorderProcess:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.proc.kill()
+            raise RuntimeError(f"forge-record serve did not start: {line}{self.proc.stdout.read()}")
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+        return self.proc.stdout.read() if self.proc else ""
+
+    def base(self, session: str) -> str:
+        return f"{self.url}/s/{session}"
+
+
+def session_calls(root: Path, session: str, n: int, timeout: float = 10.0) -> list[dict]:
+    """Poll the dataset until `session` has at least `n` calls (the writer flushes every 0.5 s)."""
+    deadline = time.time() + timeout
+    rows: list[dict] = []
+    while time.time() < deadline:
+        if (root / store.MANIFEST).exists():
+            calls = store.read_table(root, "calls")
+            rows = calls.filter(pc.equal(calls.column("session_id"), session)).to_pylist()
+            if len(rows) >= n:
+                return sorted(rows, key=lambda r: (r["t_start"], r["seq"]))
+        time.sleep(0.1)
+    raise AssertionError(f"session {session}: {len(rows)} calls recorded, expected {n}")
+
+
+def session_parts(root: Path, session: str) -> dict[str, str]:
+    parts = store.read_table(root, "messages")
+    parts = parts.filter(pc.equal(parts.column("session_id"), session))
+    return dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
+
+
+@pytest.fixture
+def scripted():
+    """Factory for scripted upstreams, stopped after the test."""
+    from forgerl.recorder.scripted import ScriptedUpstream
+    started = []
+
+    def make(script=None, **kwargs):
+        up = ScriptedUpstream(script, **kwargs).start()
+        started.append(up)
+        return up
+
+    yield make
+    for up in started:
+        up.stop()
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    """Factory: `recorder(upstream_url, *extra_args)` -> a started RecorderProcess."""
+    started = []
+
+    def make(upstream: str, *extra: str, out: Path | None = None) -> RecorderProcess:
+        rec = RecorderProcess(out or tmp_path / "data", upstream, *extra).start()
+        started.append(rec)
+        return rec
+
+    yield make
+    for rec in started:
+        rec.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -1,0 +1,94 @@
+"""Real harness CLIs from npm (package-lock.json) recorded through `forge-record run`.
+
+The scripted upstream plays the model: on the first call it asks the harness
+to run a shell command that writes `proof.txt`; once it sees the tool result
+it answers "Done.". We assert the harness really ran the tool, and that the
+dataset holds the calls, the tool call and its result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from forgerl.recorder.scripted import Request, ToolCall, Turn
+
+from conftest import FORGE_RECORD, REPO, session_calls, session_parts
+
+BIN = REPO / "node_modules" / ".bin"
+pytestmark = pytest.mark.slow
+
+
+def needs(cli: str) -> Path:
+    path = BIN / cli
+    if not path.exists():
+        pytest.fail(f"{path} missing: run `make test` (npm ci installs the pinned harness CLIs)")
+    return path
+
+
+def saw_tool_result(body: dict) -> bool:
+    """Did the harness send back a tool result as its latest input?"""
+    items = body.get("messages") or body.get("input") or []
+    last = items[-1] if items else {}
+    if not isinstance(last, dict):
+        return False
+    if last.get("type") in ("function_call_output", "custom_tool_call_output"):
+        return True
+    content = last.get("content")
+    return isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content)
+
+
+def claude_script(request: Request) -> Turn:
+    tools = {t.get("name") for t in request.body.get("tools", [])}
+    if "Bash" in tools and not saw_tool_result(request.body):
+        return Turn(text="I'll write the file.", tool_calls=[
+            ToolCall("Bash", {"command": "echo forgerl > proof.txt", "description": "Write proof file"})])
+    return Turn(text="Done.")
+
+
+def run_recorded(tmp_path: Path, session: str, upstream: str, cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+    work = tmp_path / "work"
+    work.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), **env}
+    return subprocess.run([FORGE_RECORD, "run", "--out", str(tmp_path / "data"), "--session", session,
+                           "--upstream-anthropic", upstream, "--upstream-openai", upstream, "--", *cmd],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=240)
+
+
+def tool_exchange(root: Path, session: str, calls: list[dict], tool: str) -> tuple[dict, dict]:
+    """The tool call the model made and the tool result the harness sent back for it."""
+    parts = {h: json.loads(p) for h, p in session_parts(root, session).items()}
+    made = [parts[h] for c in calls for h in c["output_refs"] if parts[h]["type"] == "tool_call"]
+    assert [m["tool_name"] for m in made] == [tool], made
+    results = [parts[h] for c in calls for h in c["input_refs"]
+               if parts[h]["type"] == "tool_result" and parts[h]["call_id"] == made[0]["call_id"]]
+    assert results, "the tool result never reached the model"
+    return made[0], results[0]
+
+
+def test_claude_code(scripted, tmp_path):
+    claude = needs("claude")
+    up = scripted(claude_script)
+    r = run_recorded(tmp_path, "cc", up.url,
+                     [str(claude), "-p", "Write proof.txt", "--output-format", "json",
+                      "--dangerously-skip-permissions"],
+                     {"ANTHROPIC_API_KEY": "sk-ant-api03-harnesstestharnesstest", "IS_SANDBOX": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["result"] == "Done."
+    assert (tmp_path / "work" / "proof.txt").read_text() == "forgerl\n"
+    calls = [c for c in session_calls(tmp_path / "data", "cc", 2) if c["api"] == "anthropic"]
+    assert len(calls) == 2 and all(c["complete"] and c["error"] is None and c["streamed"] for c in calls)
+    assert calls[0]["path"].startswith("/v1/messages")
+    made, result = tool_exchange(tmp_path / "data", "cc", calls, "Bash")
+    assert json.loads(made["arguments"])["command"] == "echo forgerl > proof.txt"
+    assert result.get("is_error") in (None, False)
+    tools = {t["name"] for t in json.loads(calls[0]["tools"])}
+    assert {"Bash", "Read", "Edit", "Write"} <= tools
+    assert "session cc (claude-code)" in r.stderr and "Bash x1" in r.stderr
+    assert "sk-ant-api03-harnesstest" not in calls[0]["request_headers"]
