@@ -54,11 +54,11 @@ def run_recorded(tmp_path: Path, session: str, upstream: str, cmd: list[str], en
     work = tmp_path / "work"
     work.mkdir()
     home = tmp_path / "home"
-    home.mkdir()
+    (home / ".codex").mkdir(parents=True)
     env = {**os.environ, "HOME": str(home), **env}
     return subprocess.run([FORGE_RECORD, "run", "--out", str(tmp_path / "data"), "--session", session,
                            "--upstream-anthropic", upstream, "--upstream-openai", upstream, "--", *cmd],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=240)
+                          cwd=work, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
 
 
 def tool_exchange(root: Path, session: str, calls: list[dict], tool: str) -> tuple[dict, dict]:
@@ -92,3 +92,30 @@ def test_claude_code(scripted, tmp_path):
     assert {"Bash", "Read", "Edit", "Write"} <= tools
     assert "session cc (claude-code)" in r.stderr and "Bash x1" in r.stderr
     assert "sk-ant-api03-harnesstest" not in calls[0]["request_headers"]
+
+
+def codex_script(request: Request) -> Turn:
+    if not saw_tool_result(request.body):
+        return Turn(tool_calls=[ToolCall("exec_command", {"cmd": "echo forgerl > proof.txt"})])
+    return Turn(text="Done.")
+
+
+def test_codex(scripted, tmp_path):
+    codex = needs("codex")
+    up = scripted(codex_script)
+    codex_home = tmp_path / "home" / ".codex"
+    r = run_recorded(tmp_path, "cx", up.url,
+                     [str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                      "Write proof.txt"],
+                     {"OPENAI_API_KEY": "sk-proj-harnesstestharnesstestharness", "CODEX_HOME": str(codex_home)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Done." in r.stdout
+    assert (tmp_path / "work" / "proof.txt").read_text() == "forgerl\n"
+    calls = [c for c in session_calls(tmp_path / "data", "cx", 2) if c["api"] == "responses"]
+    assert len(calls) == 2 and all(c["complete"] and c["error"] is None and c["streamed"] for c in calls)
+    assert all(c["path"] == "/v1/responses" for c in calls)
+    made, result = tool_exchange(tmp_path / "data", "cx", calls, "exec_command")
+    assert json.loads(made["arguments"]) == {"cmd": "echo forgerl > proof.txt"}
+    assert "Process exited with code 0" in result["text"]
+    assert "session cx (codex)" in r.stderr and "exec_command x1" in r.stderr
+    assert "sk-proj-harnesstest" not in calls[0]["request_headers"]
