@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--forward", action="store_true",
                        help="forward-proxy mode (HTTPS_PROXY) with mitmproxy's CA, for clients that cannot "
                        "change their base URL; trust ~/.mitmproxy/mitmproxy-ca-cert.pem")
+    serve.add_argument("--upstream-ca", default="", metavar="PEM",
+                       help="also trust this CA bundle for upstream TLS (self-signed or corporate origins)")
     serve.add_argument("--session", default="default",
                        help="session id for calls with no /s/<id>/ prefix or X-Forge-Session header")
     _common(serve)
@@ -93,7 +95,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = args.listen
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
                             listen_host=host, listen_port=port, forward=args.forward, session=args.session,
-                            redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels)
+                            redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels,
+                            upstream_ca=args.upstream_ca)
     target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, openai -> {openai}"
     serve_forever(config, on_ready=lambda: print(
         f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True))

@@ -37,6 +37,7 @@ class RecorderConfig:
     policy_version: str = ""
     labels: str = ""
     confdir: str = "~/.mitmproxy"
+    upstream_ca: str = ""
 
     def __post_init__(self) -> None:
         # Validate here, so bad input is one clear line before any socket opens.
@@ -44,6 +45,8 @@ class RecorderConfig:
             Upstream(url)
         if self.redact_rules:
             Redactor.from_file(self.redact_rules)
+        if self.upstream_ca and not Path(self.upstream_ca).is_file():
+            raise ValueError(f"--upstream-ca: no such file: {self.upstream_ca}")
         if self.labels and not isinstance(json.loads(self.labels), dict):
             raise ValueError(f"--labels must be a JSON object, got {self.labels!r}")
         if self.listen_port == 0:
@@ -90,6 +93,8 @@ def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tup
         forge_policy_version=config.policy_version,
         forge_labels=config.labels,
     )
+    if config.upstream_ca:
+        opts.update(ssl_verify_upstream_trusted_ca=config.upstream_ca)
     return master, ready
 
 

@@ -50,6 +50,7 @@ import re
 import resource
 import signal
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -654,8 +655,10 @@ class ScriptedUpstream:
     """
 
     def __init__(self, script: Script | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 chunks: int | None = None, chunk_delay: float = 0.0) -> None:
+                 chunks: int | None = None, chunk_delay: float = 0.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.script = script or echo()
+        self.ssl_context = ssl_context  # serve HTTPS (forward-proxy tests)
         self.host, self.port = host, port
         self.chunks, self.chunk_delay = chunks, chunk_delay
         self.url = ""
@@ -703,9 +706,10 @@ class ScriptedUpstream:
         await runner.setup()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.create_server((self.host, self.port), family=family, backlog=4096)
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, ssl_context=self.ssl_context).start()
         port = sock.getsockname()[1]
-        self.url = f"http://[{self.host}]:{port}" if family == socket.AF_INET6 else f"http://{self.host}:{port}"
+        scheme = "https" if self.ssl_context else "http"
+        self.url = f"{scheme}://[{self.host}]:{port}" if family == socket.AF_INET6 else f"{scheme}://{self.host}:{port}"
         return runner
 
     def _serve(self, ready: threading.Event, failed: list[BaseException]) -> None:
