@@ -22,12 +22,12 @@ import anthropic
 import openai
 
 from forgerl.recorder.proxy import free_port
-from forgerl.recorder.scripted import ScriptedUpstream, ToolCall, Turn, sequence
+from forgerl.recorder.scripted import ScriptedUpstream, ToolCall, Turn, tool_loop
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Current weather for a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-SCRIPT = sequence(Turn(text="Let me check.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})]),
-                  Turn(text="It is 21 C and sunny in Paris."))
+SCRIPT = tool_loop(Turn(text="Let me check.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})]),
+                   Turn(text="It is 21 C and sunny in Paris."))
 
 
 def get_weather(city: str) -> str:

@@ -73,6 +73,13 @@ class _Ready:
         self.event.set()
 
 
+def _ignore_cancelled(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """Stopping with keep-alive clients still connected cancels their handlers, and
+    Python 3.11's asyncio reports each one as an error. It is not one."""
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
+
+
 def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tuple[DumpMaster, _Ready]:
     listen = f"@{config.listen_host}:{config.listen_port}"
     mode = f"regular{listen}" if config.forward else f"reverse:{config.upstream_openai}{listen}"
@@ -103,6 +110,7 @@ def serve_forever(config: RecorderConfig, on_ready=None) -> None:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(_ignore_cancelled)
         master, ready = build_master(config, loop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, master.shutdown)
@@ -141,7 +149,9 @@ class BackgroundRecorder:
 
     def _run(self) -> None:
         async def main() -> None:
-            self._master, self._ready = build_master(self.config, asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(_ignore_cancelled)
+            self._master, self._ready = build_master(self.config, loop)
             self._built.set()
             await self._master.run()
 

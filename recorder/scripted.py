@@ -72,7 +72,9 @@ __all__ = [
     "echo",
     "last_user_text",
     "main",
+    "saw_tool_result",
     "sequence",
+    "tool_loop",
     "token_ids",
 ]
 
@@ -150,6 +152,27 @@ def sequence(*turns: Turn) -> Script:
         return turns[min(n, len(turns) - 1)]
 
     return script
+
+
+def saw_tool_result(request: Request) -> bool:
+    """Is the request's latest input a tool result (in any of the APIs)?"""
+    items = request.body.get("messages") or request.body.get("input") or []
+    last = items[-1] if isinstance(items, list) and items else {}
+    if not isinstance(last, dict):
+        return False
+    if last.get("role") == "tool" or last.get("type") in ("function_call_output", "custom_tool_call_output"):
+        return True
+    content = last.get("content")
+    return isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content)
+
+
+def tool_loop(act: Turn, answer: Turn) -> Script:
+    """Reply `act` (which calls tools) until a tool result comes back, then `answer`.
+
+    Keyed on the request, not on a counter, so it works for any number of
+    sessions behind a recorder that strips their ids.
+    """
+    return lambda request: answer if saw_tool_result(request) else act
 
 
 def echo() -> Script:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from forgerl.recorder.scripted import Request, ToolCall, Turn
+from forgerl.recorder.scripted import Request, ToolCall, Turn, saw_tool_result
 
 from conftest import FORGE_RECORD, REPO, session_calls, session_parts
 
@@ -30,21 +30,9 @@ def needs(cli: str) -> Path:
     return path
 
 
-def saw_tool_result(body: dict) -> bool:
-    """Did the harness send back a tool result as its latest input?"""
-    items = body.get("messages") or body.get("input") or []
-    last = items[-1] if items else {}
-    if not isinstance(last, dict):
-        return False
-    if last.get("type") in ("function_call_output", "custom_tool_call_output"):
-        return True
-    content = last.get("content")
-    return isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content)
-
-
 def claude_script(request: Request) -> Turn:
     tools = {t.get("name") for t in request.body.get("tools", [])}
-    if "Bash" in tools and not saw_tool_result(request.body):
+    if "Bash" in tools and not saw_tool_result(request):
         return Turn(text="I'll write the file.", tool_calls=[
             ToolCall("Bash", {"command": "echo forgerl > proof.txt", "description": "Write proof file"})])
     return Turn(text="Done.")
@@ -95,7 +83,7 @@ def test_claude_code(scripted, tmp_path):
 
 
 def codex_script(request: Request) -> Turn:
-    if not saw_tool_result(request.body):
+    if not saw_tool_result(request):
         return Turn(tool_calls=[ToolCall("exec_command", {"cmd": "echo forgerl > proof.txt"})])
     return Turn(text="Done.")
 
