@@ -44,7 +44,7 @@ def test_run_points_sdk_clients_at_the_recorder(scripted, tmp_path):
     assert "session cli" in r.stderr and "2 calls" in r.stderr and "Bash x2" in r.stderr
     rows = session_calls(out, "cli", 2)
     assert {row["api"] for row in rows} == {"anthropic", "chat"}
-    assert [e.path for e in up.log] == ["/v1/messages", "/v1/chat/completions"]
+    assert [e.path for e in up.log] == ["/v1/messages", "/v1/chat/completions"]  # prefix stripped
 
     ls = forge("ls", str(out), check=True).stdout
     assert "cli" in ls and "2" in ls
@@ -53,11 +53,15 @@ def test_run_points_sdk_clients_at_the_recorder(scripted, tmp_path):
     show = forge("show", str(out), "cli", check=True).stdout
     assert "-> Bash(" in show and "/v1/chat/completions" in show
 
+    # A second recorder run writes files of its own: something to compact.
+    r = forge("run", "--out", str(out), "--session", "cli2", "--upstream-anthropic", up.url,
+              "--upstream-openai", up.url, "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
     assert "merged" in forge("compact", str(out), check=True).stdout
     assert len(store.data_files(out, "calls")) == 1
     deleted = forge("delete", str(out), "cli", check=True).stdout
     assert "deleted session cli" in deleted
-    assert store.read_table(out, "calls").num_rows == 0
+    assert set(store.read_table(out, "calls").column("session_id").to_pylist()) == {"cli2"}
 
 
 def test_run_returns_the_commands_status(tmp_path):
