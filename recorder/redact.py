@@ -41,7 +41,10 @@ ENV_LINE = (r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9_]))((?:export\s+)?[A-Z][A-Z0-9_]*"
             r"(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD)[A-Z0-9_]*\s*=\s*)[^\s\"'\\]+")
 ENV_ANCHORS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")
 
-_PROTECTED = re.compile(rb'"(?:signature|encrypted_content|data)"\s*:\s*"(?:[^"\\]|\\.)*"')
+# Opaque values replay needs. `data` (images, redacted_thinking) only when it is
+# plain base64, so a secret in some tool's own "data" field is still redacted.
+_PROTECTED = re.compile(rb'"(?:signature|encrypted_content)"\s*:\s*"(?:[^"\\]|\\.)*"'
+                        rb'|"data"\s*:\s*"[A-Za-z0-9+/=]*"')
 
 
 @dataclass(frozen=True)
