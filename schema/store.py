@@ -86,8 +86,11 @@ def atomic_write_table(path: Path, table: pa.Table, table_name: str, version: in
 
 
 def file_version(path: Path) -> int:
-    meta = pq.read_schema(path).metadata or {}
-    return int(meta.get(VERSION_KEY, b"1"))
+    return _version(pq.read_schema(path))
+
+
+def _version(schema: pa.Schema) -> int:
+    return int((schema.metadata or {}).get(VERSION_KEY, b"1"))
 
 
 # ---------------------------------------------------------------- manifest
@@ -390,21 +393,26 @@ def read_table(root: str | os.PathLike, table: str, columns: Sequence[str] | Non
     """One table, every file migrated to the current schema (or `schema`/`target_version`)."""
     root = Path(root)
     read_manifest(root)
-    schema = schema or TABLES[table]
     for _attempt in range(5):
         try:
-            parts = []
-            for path in data_files(root, table):
-                pf = pq.ParquetFile(path)
-                version = int((pf.schema_arrow.metadata or {}).get(VERSION_KEY, b"1"))
-                parts.append(migrate(table, pf.read(), version, target_version, schema, migrations))
+            result = read_files(table, map(Path, data_files(root, table)), migrations, schema, target_version)
             break
         except FileNotFoundError:
             time.sleep(0.05)  # a compaction removed a file between listing and reading
     else:
         raise DatasetError(f"{root}: files keep vanishing while reading {table}")
-    result = pa.concat_tables(parts) if parts else schema.empty_table()
     return result.select(list(columns)) if columns else result
+
+
+def read_files(table: str, paths: Iterable[Path], migrations: Sequence[Migration] = MIGRATIONS,
+               schema: pa.Schema | None = None, target_version: int = SCHEMA_VERSION) -> pa.Table:
+    """These files of one table, each migrated from its own schema version."""
+    schema = schema or TABLES[table]
+    parts = []
+    for path in paths:
+        pf = pq.ParquetFile(path)
+        parts.append(migrate(table, pf.read(), _version(pf.schema_arrow), target_version, schema, migrations))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
 # ---------------------------------------------------------------- maintenance
@@ -441,11 +449,6 @@ def compact(root: str | os.PathLike, *, target_bytes: int = 256 * 1024 * 1024) -
         return replaced
     finally:
         lock.release()
-
-
-def read_files(table: str, paths: Iterable[Path]) -> pa.Table:
-    parts = [migrate(table, pq.read_table(p), file_version(p), SCHEMA_VERSION, TABLES[table]) for p in paths]
-    return pa.concat_tables(parts) if parts else TABLES[table].empty_table()
 
 
 _KEYS = {"calls": ("call_id",), "messages": ("session_id", "part_hash"),

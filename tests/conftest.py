@@ -23,16 +23,18 @@ FORGE_RECORD = shutil.which("forge-record") or str(Path(sys.executable).with_nam
 class RecorderProcess:
     """`forge-record serve` in a subprocess: the real CLI, killable with -9."""
 
-    def __init__(self, out: Path, upstream: str, *extra: str):
+    def __init__(self, out: Path, upstream: str | None, *extra: str, env: dict[str, str] | None = None):
         self.out = out
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [FORGE_RECORD, "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{self.port}",
-                     "--out", str(out), *extra]
+        self.args = [FORGE_RECORD, "serve", *(["--upstream", upstream] if upstream else []),
+                     "--listen", f"127.0.0.1:{self.port}", "--out", str(out), *extra]
+        self.env = env
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> RecorderProcess:
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             self.proc.kill()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import ssl
-import subprocess
 import time
 
 import httpx
@@ -16,10 +14,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from forgerl.recorder.proxy import free_port
 from forgerl.recorder.scripted import ScriptedUpstream, Turn, sequence
 
-from conftest import FORGE_RECORD, session_calls
+from conftest import RecorderProcess, session_calls
 
 
 def self_signed(tmp_path) -> tuple[ssl.SSLContext, str]:
@@ -46,27 +43,23 @@ def test_forward_proxy_with_mitmproxy_ca(tmp_path):
     server_ctx, upstream_pem = self_signed(tmp_path)
     home = tmp_path / "home"
     home.mkdir()
-    port = free_port()
     out = tmp_path / "data"
     with ScriptedUpstream(sequence(Turn(text="over https")), ssl_context=server_ctx) as up:
-        proc = subprocess.Popen([FORGE_RECORD, "serve", "--forward", "--listen", f"127.0.0.1:{port}", "--out", str(out),
-                                 "--upstream-ca", upstream_pem], env={**os.environ, "HOME": str(home)},
-                                stdout=subprocess.PIPE, text=True)
+        rec = RecorderProcess(out, None, "--forward", "--upstream-ca", upstream_pem, env={"HOME": str(home)}).start()
         try:
-            assert "listening on" in proc.stdout.readline()
             ca = home / ".mitmproxy" / "mitmproxy-ca-cert.pem"
             for _ in range(50):
                 if ca.exists():
                     break
                 time.sleep(0.1)
-            http = httpx.Client(proxy=f"http://127.0.0.1:{port}", verify=str(ca), timeout=10)
+            http = httpx.Client(proxy=rec.url, verify=str(ca), timeout=10)
             client = openai.OpenAI(base_url=up.url + "/v1", api_key="sk-proj-forwardforwardforwardfw",
                                    http_client=http, default_headers={"X-Forge-Session": "fwd"})
             reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
             assert reply.choices[0].message.content == "over https"
             # Without mitmproxy's CA the client refuses the intercepted connection.
             try:
-                httpx.Client(proxy=f"http://127.0.0.1:{port}", timeout=10).get(up.url + "/v1/models")
+                httpx.Client(proxy=rec.url, timeout=10).get(up.url + "/v1/models")
                 raise AssertionError("TLS interception was accepted without trusting the CA")
             except httpx.ConnectError as e:
                 assert "CERTIFICATE_VERIFY_FAILED" in str(e)
@@ -74,5 +67,4 @@ def test_forward_proxy_with_mitmproxy_ca(tmp_path):
             assert row["api"] == "chat" and row["complete"] and row["upstream"].startswith("https://127.0.0.1")
             assert "sk-proj-forward" not in row["request_headers"]
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            rec.stop()
