@@ -1,9 +1,13 @@
 # Quick start: `make demo` (record a few sessions against a scripted model) and
-# `make test` (the whole suite). Both build .venv from the committed lock file.
+# `make test` (the whole suite). Both build .venv from a committed lock file:
+# requirements.lock holds the core (recorder, schema, converters, analysis,
+# runners) and test tools; requirements-train.lock adds torch (CPU) and veRL,
+# which the test suite loads shards with.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PY_STAMP := $(VENV)/.installed
+TRAIN_STAMP := $(VENV)/.installed-train
 NPM_STAMP := node_modules/.installed
 
 .PHONY: demo test bench lock clean
@@ -13,6 +17,10 @@ $(PY_STAMP): requirements.lock pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+$(TRAIN_STAMP): $(PY_STAMP) requirements-train.lock
+	$(BIN)/pip install -q -r requirements-train.lock
 	touch $@
 
 # The pinned harness CLIs the end-to-end tests drive (npm 11 skips Claude
@@ -25,17 +33,22 @@ $(NPM_STAMP): package.json package-lock.json
 demo: $(PY_STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(PY_STAMP) $(NPM_STAMP)
+test: $(TRAIN_STAMP) $(NPM_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(PY_STAMP)
 	$(BIN)/python bench/recorder.py
 
-# Re-resolve the lock from pyproject.toml (core + test extras).
+# Re-resolve both locks from pyproject.toml: the full set first, then the core
+# + test subset constrained to the same versions.
 lock:
 	rm -rf /tmp/forgerl-lock && $(PY) -m venv /tmp/forgerl-lock
 	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
-	/tmp/forgerl-lock/bin/pip install -q ".[test]"
+	/tmp/forgerl-lock/bin/pip install -q ".[test,train]"
+	/tmp/forgerl-lock/bin/pip freeze --exclude forgerl > requirements-train.lock
+	rm -rf /tmp/forgerl-lock && $(PY) -m venv /tmp/forgerl-lock
+	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
+	/tmp/forgerl-lock/bin/pip install -q -c requirements-train.lock ".[test]"
 	/tmp/forgerl-lock/bin/pip freeze --exclude forgerl > requirements.lock
 
 clean:

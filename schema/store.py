@@ -222,6 +222,14 @@ class DatasetWriter:
                 "user_agent": user_agent, "source": self.source,
                 "labels": json.dumps(labels) if labels else None, "writer_id": self.writer_id})
 
+    def add_outcome(self, row: dict) -> None:
+        """A graded rollout (see `tables.OUTCOMES`); columns left out are null."""
+        unknown = set(row) - set(TABLES["outcomes"].names)
+        if unknown:
+            raise ValueError(f"unknown outcome columns: {sorted(unknown)}")
+        with self._mutex:
+            self._rows["outcomes"].append({**row, "writer_id": self.writer_id})
+
     def add_call(self, record: CallRecord) -> None:
         record.writer_id = self.writer_id
         with self._mutex:
@@ -271,7 +279,7 @@ class DatasetWriter:
                 self._rows = {name: [] for name in TABLES}
                 snapshots = list(self._inflight.values())
             # Parts and blobs land before the calls that reference them.
-            for name in ("sessions", "blobs", "messages", "calls"):
+            for name in ("sessions", "blobs", "messages", "calls", "outcomes"):
                 if name in rows:
                     self._file_seq += 1
                     table = pa.Table.from_pylist(rows[name], schema=TABLES[name])
@@ -452,7 +460,8 @@ def compact(root: str | os.PathLike, *, target_bytes: int = 256 * 1024 * 1024) -
 
 
 _KEYS = {"calls": ("call_id",), "messages": ("session_id", "part_hash"),
-         "blobs": ("session_id", "blob_hash"), "sessions": ("session_id", "writer_id")}
+         "blobs": ("session_id", "blob_hash"), "sessions": ("session_id", "writer_id"),
+         "outcomes": ("session_id", "task_id", "attempt")}
 
 
 def _dedupe(table: str, data: pa.Table) -> pa.Table:

@@ -6,6 +6,8 @@ Tables (each a folder of Parquet files under the dataset root):
             response, timings, usage, token ids, and ordered references to parts.
 - messages: one row per distinct content part per session, keyed by part_hash.
 - blobs:    image and other large payload bytes, once per session, by hash.
+- outcomes: one row per graded rollout (runners): task, attempt, status,
+            reward in [0, 1], per-check scores; joins calls on session_id.
 
 A call's input is `input_refs` (part hashes, in order) with `input_msg` giving
 each part's message index, `input_roles` each message's role and
@@ -101,11 +103,34 @@ BLOBS = pa.schema([
     ("data", pa.binary()),
 ])
 
+OUTCOMES = pa.schema([
+    ("session_id", pa.string()),
+    ("task_id", pa.string()),
+    ("attempt", pa.int32()),
+    ("harness", pa.string()),
+    ("model", pa.string()),
+    ("policy_version", pa.string()),
+    ("status", pa.string()),
+    ("reward", pa.float64()),
+    ("passed", pa.bool_()),
+    ("scores", pa.string()),
+    ("graded", pa.string()),
+    ("error", pa.string()),
+    ("runner", pa.string()),
+    ("t_start", TS),
+    ("t_end", TS),
+    ("extra", pa.string()),
+    ("writer_id", pa.string()),
+])
+
+OUTCOME_STATUSES: tuple[str, ...] = ("success", "failed", "timeout", "infra_error")
+
 TABLES: dict[str, pa.Schema] = {
     "sessions": SESSIONS,
     "calls": CALLS,
     "messages": MESSAGES,
     "blobs": BLOBS,
+    "outcomes": OUTCOMES,
 }
 
 COLUMN_DOCS: dict[str, str] = {
@@ -115,6 +140,12 @@ COLUMN_DOCS: dict[str, str] = {
     "calls.response_raw": "response bytes as received (raw SSE when streamed), redacted, zstd",
     "calls.response": "reassembled response body as JSON (what a non-streaming call returns)",
     "calls.input_tokens": "uncached input tokens; total input = input + cache_read + cache_write",
+    "outcomes.status": "success | failed (graded, reward < 1 or harness error) | timeout | infra_error "
+                       "(never scored: retried, then discarded from training and pass@k)",
+    "outcomes.reward": "weighted mean of the graded parts, in [0, 1]; null for infra_error",
+    "outcomes.passed": "reward == 1.0 (QwenClawBench's pass rule, used by pass@k / pass^k)",
+    "outcomes.scores": "JSON object: every per-check score the grader returned",
+    "outcomes.graded": "JSON object: which parts were graded (automated, judge) and which were not",
 }
 
 

@@ -224,3 +224,15 @@ def test_kill_minus_9_loses_at_most_the_last_flush(tmp_path):
     for table in tables.TABLES:
         for f in store.data_files(tmp_path, table):
             pq.read_table(f)
+
+
+def test_outcomes_round_trip_and_unknown_columns(tmp_path):
+    from forgerl.schema.store import DatasetWriter, read_table
+    with DatasetWriter(tmp_path / "ds") as writer:
+        writer.add_outcome({"session_id": "s1", "task_id": "t1", "attempt": 0, "status": "success",
+                            "reward": 1.0, "passed": True, "scores": '{"a": 1.0}'})
+        with pytest.raises(ValueError, match="unknown outcome columns"):
+            writer.add_outcome({"session_id": "s2", "rewardd": 0.5})
+    rows = read_table(tmp_path / "ds", "outcomes").to_pylist()
+    assert [(r["session_id"], r["task_id"], r["reward"], r["passed"]) for r in rows] == [("s1", "t1", 1.0, True)]
+    assert rows[0]["writer_id"]
