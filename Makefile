@@ -10,7 +10,7 @@ PY_STAMP := $(VENV)/.installed
 TRAIN_STAMP := $(VENV)/.installed-train
 NPM_STAMP := node_modules/.installed
 
-.PHONY: demo test bench lock clean
+.PHONY: demo test bench lock clean browser
 
 $(PY_STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,7 +33,11 @@ $(NPM_STAMP): package.json package-lock.json
 demo: $(PY_STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(TRAIN_STAMP) $(NPM_STAMP)
+# Headless Chromium opens the analysis HTML report in the tests (Debian package).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: $(TRAIN_STAMP) $(NPM_STAMP) browser
 	$(BIN)/python -m pytest -q
 
 bench: $(PY_STAMP)
