@@ -22,6 +22,7 @@ from pathlib import Path
 from forgerl.schema.store import DatasetError, compact, delete_session, read_manifest
 
 from . import summary
+from .harness import codex_overrides, harness_env
 from .proxy import ANTHROPIC_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
 
 
@@ -101,24 +102,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve_forever(config, on_ready=lambda: print(
         f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True))
     return 0
-
-
-def harness_env(base_url: str, session: str) -> dict[str, str]:
-    """Environment that points Claude Code and OpenAI-SDK clients at the recorder."""
-    root = f"{base_url}/s/{session}"
-    return {
-        "ANTHROPIC_BASE_URL": root,
-        "OPENAI_BASE_URL": f"{root}/v1",
-        "FORGE_SESSION_ID": session,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-
-
-def codex_overrides(base_url: str, session: str) -> list[str]:
-    """`-c` flags that give Codex a provider pointing at the recorder over SSE."""
-    provider = (f'{{name="forgerl", base_url="{base_url}/s/{session}/v1", wire_api="responses", '
-                f'env_key="OPENAI_API_KEY"}}')
-    return ["-c", f"model_providers.forgerl={provider}", "-c", "model_provider=forgerl"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

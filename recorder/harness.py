@@ -1,7 +1,10 @@
-"""Which harness made a call, from its User-Agent.
+"""Harnesses as the recorder sees them: who made a call, and how to point one at us.
 
-One table, so analysis and summaries agree on names. Order matters: the
-first matching fragment wins (Claude Code's UA also names the Anthropic SDK).
+`detect_harness` names the harness from its User-Agent, in one table so
+analysis and summaries agree on names (order matters: the first matching
+fragment wins; Claude Code's UA also names the Anthropic SDK).
+`harness_env` and `codex_overrides` are how `forge-record run` and the
+runners aim a harness at a recorder session URL.
 """
 
 from __future__ import annotations
@@ -26,3 +29,21 @@ def detect_harness(user_agent: str | None) -> str:
         if fragment in ua:
             return name
     return "unknown"
+
+
+def harness_env(base_url: str, session: str) -> dict[str, str]:
+    """Environment that points Claude Code and OpenAI-SDK clients at the recorder."""
+    root = f"{base_url}/s/{session}"
+    return {
+        "ANTHROPIC_BASE_URL": root,
+        "OPENAI_BASE_URL": f"{root}/v1",
+        "FORGE_SESSION_ID": session,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+
+def codex_overrides(base_url: str, session: str) -> list[str]:
+    """`-c` flags that give Codex a provider pointing at the recorder over SSE."""
+    provider = (f'{{name="forgerl", base_url="{base_url}/s/{session}/v1", wire_api="responses", '
+                f'env_key="OPENAI_API_KEY"}}')
+    return ["-c", f"model_providers.forgerl={provider}", "-c", "model_provider=forgerl"]
