@@ -1,0 +1,100 @@
+"""Grading a rollout: run the task's `grade()` and turn its scores into a reward.
+
+`grade()` is arbitrary Python from a task file, so it runs in a child process
+(`python -m forgerl.runners.grading`, JSON in on stdin, JSON out on stdout)
+with the workspace as its working directory and a time limit: a grader that
+hangs or crashes cannot take the runner with it. The local runner and the
+Kubernetes pod entry both call `grade_workspace`, so a task is graded the same
+way wherever it ran.
+
+Scoring follows QwenClawBench (`scripts/lib_grading.py`): the automated score
+is the plain mean of the values `grade()` returns; a hybrid task weights its
+automated and judge parts by `grading_weights`. Parts that were not graded
+(the LLM judge, when no judge is configured) are left out of the weighted
+mean and recorded as "not graded", so without a judge the reward is the
+automated score itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .tasks import Task
+
+GRADER_TIMEOUT_S = 120
+NOT_GRADED = "not graded"
+
+
+class GradingError(RuntimeError):
+    """grade() raised, hung, or returned something that is not {name: number}."""
+
+
+def run_grade(code: str, transcript: list, workspace: str) -> dict[str, float]:
+    """Execute grader source and call its grade(); in-process (the child of `grade_workspace`)."""
+    namespace: dict = {"__name__": "forgerl_task_grader"}
+    exec(compile(code, "<grade>", "exec"), namespace)  # noqa: S102 - the task's own grader, in a child process
+    grade = namespace.get("grade")
+    if not callable(grade):
+        raise GradingError("the automated checks define no grade() function")
+    scores = grade(transcript, workspace)
+    if not isinstance(scores, dict):
+        raise GradingError(f"grade() returned {type(scores).__name__}, expected a dict")
+    out: dict[str, float] = {}
+    for name, value in scores.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GradingError(f"grade() score {name!r} is {value!r}, not a number")
+        out[str(name)] = float(value)
+    return out
+
+
+def grade_workspace(task: Task, transcript: list, workspace: Path, timeout: float = GRADER_TIMEOUT_S) -> dict[str, float]:
+    """Run the task's grade() in a child process against `workspace`; raise GradingError on failure."""
+    payload = json.dumps({"code": task.grader, "transcript": transcript, "workspace": str(workspace)})
+    try:
+        proc = subprocess.run([sys.executable, "-m", "forgerl.runners.grading"], input=payload, cwd=workspace,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GradingError(f"grade() ran past {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        lines = (proc.stderr.strip() or f"exit status {proc.returncode}").splitlines()
+        raise GradingError(f"grade() failed: {lines[-1]}")
+    return json.loads(proc.stdout)
+
+
+@dataclass(frozen=True)
+class Reward:
+    reward: float
+    graded: dict  # part -> {"weight", "score"} or NOT_GRADED
+
+
+def combine(task: Task, scores: dict[str, float], judge_score: float | None = None) -> Reward:
+    """The weighted mean of the graded parts; the judge part counts only when a judge scored it."""
+    automated = sum(scores.values()) / len(scores) if scores else 0.0
+    part_scores = {"automated": automated, "llm_judge": judge_score}
+    graded: dict = {}
+    total = weight_sum = 0.0
+    for part, weight in task.weights.items():
+        score = part_scores.get(part)
+        if score is None:
+            graded[part] = NOT_GRADED
+            continue
+        graded[part] = {"weight": weight, "score": score}
+        total += weight * score
+        weight_sum += weight
+    reward = total / weight_sum if weight_sum else automated
+    return Reward(reward=min(1.0, max(0.0, reward)), graded=graded)
+
+
+def _child() -> int:
+    request = json.loads(sys.stdin.read())
+    scores = run_grade(request["code"], request["transcript"], request["workspace"])
+    json.dump(scores, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child())

@@ -1,0 +1,82 @@
+"""What every harness adapter provides, and where harness CLIs are found."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The project's own pinned npm install (package.json / package-lock.json).
+PROJECT_BIN = Path(__file__).resolve().parents[2] / "node_modules" / ".bin"
+MAX_TRANSCRIPT_BYTES = 1 << 20
+
+
+class HarnessError(RuntimeError):
+    """The harness cannot be run here (not installed, unknown)."""
+
+
+def find_cli(name: str) -> str:
+    """The CLI on PATH, else in the project's pinned npm install (node_modules/.bin)."""
+    found = shutil.which(name) or shutil.which(name, path=str(PROJECT_BIN))
+    if found is None:
+        raise HarnessError(f"{name} not found on PATH or in {PROJECT_BIN} (run `npm ci` in the project root)")
+    return found
+
+
+@dataclass
+class RunContext:
+    """One rollout as a harness sees it."""
+
+    prompt: str
+    workspace: Path
+    home: Path  # a private HOME: the harness's config and transcripts live here, removed afterwards
+    base_url: str  # the recorder, as reachable from where the harness runs
+    session: str
+    model: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (API keys) from the user
+
+
+@dataclass
+class Harness:
+    """Base adapter; subclasses set `name`, `cli`, `api` and implement `command`."""
+
+    name: str = ""
+    cli: str = ""
+    api: str = ""  # the wire API it speaks: anthropic | responses | chat
+
+    def find(self) -> str:
+        return find_cli(self.cli)
+
+    def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        """argv and the environment additions for one headless run."""
+        raise NotImplementedError
+
+    def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
+        """The harness's last answer to the user."""
+        return stdout.strip() or None
+
+    def transcript_files(self, ctx: RunContext) -> list[Path]:
+        """The harness's own transcript files (under its private home)."""
+        return []
+
+    def own_transcript(self, ctx: RunContext) -> str | None:
+        """The harness's own transcript files, concatenated (capped at 1 MiB), or None."""
+        chunks, size = [], 0
+        for path in sorted(self.transcript_files(ctx)):
+            data = path.read_text(encoding="utf-8", errors="replace")
+            chunks.append(data)
+            size += len(data)
+            if size > MAX_TRANSCRIPT_BYTES:
+                break
+        return "".join(chunks)[:MAX_TRANSCRIPT_BYTES] if chunks else None
+
+
+def base_env(ctx: RunContext) -> dict[str, str]:
+    """What every harness gets: a private HOME, the user's extra env, the recorder session id."""
+    return {"HOME": str(ctx.home), "FORGE_SESSION_ID": ctx.session, **ctx.env}
+
+
+def key_or_placeholder(ctx: RunContext, name: str, placeholder: str) -> str:
+    """The user's key when given (it reaches the upstream; the recorder redacts it on disk), else a placeholder."""
+    return ctx.env.get(name) or os.environ.get(name) or placeholder

@@ -1,0 +1,45 @@
+"""Claude Code (`@anthropic-ai/claude-code`, pinned in package.json).
+
+Install: `npm ci` in the project root (npm 11 skips its postinstall: run
+`node node_modules/@anthropic-ai/claude-code/install.cjs` once). Configure:
+`ANTHROPIC_BASE_URL=<recorder>/s/<session>` (no /v1), a key in
+`ANTHROPIC_API_KEY`, non-essential traffic off. Headless:
+`claude -p PROMPT --output-format json --dangerously-skip-permissions`
+(as root this needs `IS_SANDBOX=1`). The final answer is the JSON `result`;
+its own transcript is `~/.claude/projects/*/*.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from forgerl.recorder.harness import harness_env
+
+from .base import Harness, RunContext, base_env, key_or_placeholder
+
+
+@dataclass
+class ClaudeCode(Harness):
+    name: str = "claude-code"
+    cli: str = "claude"
+    api: str = "anthropic"
+
+    def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        argv = [exe, "-p", ctx.prompt, "--output-format", "json", "--dangerously-skip-permissions"]
+        if ctx.model:
+            argv += ["--model", ctx.model]
+        env = {**harness_env(ctx.base_url, ctx.session), **base_env(ctx), "IS_SANDBOX": "1",
+               "ANTHROPIC_API_KEY": key_or_placeholder(ctx, "ANTHROPIC_API_KEY", "sk-ant-forgerl-placeholder"),
+               "DISABLE_AUTOUPDATER": "1"}
+        return argv, env
+
+    def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
+        try:
+            return json.loads(stdout.strip().splitlines()[-1]).get("result")
+        except (json.JSONDecodeError, IndexError, AttributeError):
+            return None
+
+    def transcript_files(self, ctx: RunContext) -> list[Path]:
+        return list((ctx.home / ".claude" / "projects").glob("*/*.jsonl"))

@@ -1,0 +1,49 @@
+"""Codex CLI (`@openai/codex`, pinned in package.json).
+
+Install: `npm ci` in the project root. Configure: a private `CODEX_HOME` and a
+custom provider pointing at `<recorder>/s/<session>/v1` over the Responses API
+with SSE (`-c model_providers.forgerl={...} -c model_provider=forgerl`; the
+built-in provider would try a WebSocket first). Headless:
+`codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox
+-o LAST_MESSAGE_FILE PROMPT` (the runner is the sandbox). The final answer is
+that file; its own transcript is `$CODEX_HOME/sessions/**/*.jsonl`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from forgerl.recorder.harness import codex_overrides, harness_env
+
+from .base import Harness, RunContext, base_env, key_or_placeholder
+
+
+@dataclass
+class Codex(Harness):
+    name: str = "codex"
+    cli: str = "codex"
+    api: str = "responses"
+
+    def _home(self, ctx: RunContext) -> Path:
+        return ctx.home / ".codex"
+
+    def _last_message(self, ctx: RunContext) -> Path:
+        return ctx.home / "last-message.txt"
+
+    def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        self._home(ctx).mkdir(parents=True, exist_ok=True)
+        argv = [exe, "exec", *codex_overrides(ctx.base_url, ctx.session), "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox", "-o", str(self._last_message(ctx))]
+        if ctx.model:
+            argv += ["-m", ctx.model]
+        env = {**harness_env(ctx.base_url, ctx.session), **base_env(ctx), "CODEX_HOME": str(self._home(ctx)),
+               "OPENAI_API_KEY": key_or_placeholder(ctx, "OPENAI_API_KEY", "sk-forgerl-placeholder")}
+        return [*argv, ctx.prompt], env
+
+    def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
+        path = self._last_message(ctx)
+        return path.read_text(encoding="utf-8").strip() if path.exists() else None
+
+    def transcript_files(self, ctx: RunContext) -> list[Path]:
+        return list((self._home(ctx) / "sessions").rglob("*.jsonl"))

@@ -1,0 +1,66 @@
+"""The first process of a rollout: joins the rollout's cgroup, sets limits, opens the recorder bridge, runs the harness.
+
+    python -m forgerl.runners.jail [--cgroup DIR] [--cpu-seconds N] [--bridge-port P --bridge-unix SOCK] -- ARGV...
+
+Under `unshare --net --pid --fork --kill-child` it is PID 1 of a fresh PID
+namespace with a network namespace of its own: when it exits (or its
+`unshare` parent is killed) the kernel kills every process left in the
+namespace, so a harness's children cannot outlive the rollout. Its exit
+status is the harness's (128 + signal when killed by one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import sys
+
+from .bridge import forward, unix_connector
+
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def loopback_up() -> None:
+    """`ip link set lo up`, without needing the ip binary."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="forgerl-jail")
+    p.add_argument("--cgroup", default="")
+    p.add_argument("--cpu-seconds", type=int, default=0)
+    p.add_argument("--bridge-port", type=int, default=0)
+    p.add_argument("--bridge-unix", default="")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.cgroup:
+        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    if args.cpu_seconds:
+        resource.setrlimit(resource.RLIMIT_CPU, (args.cpu_seconds, args.cpu_seconds + 5))
+    if args.bridge_port:
+        loopback_up()
+        listener = socket.create_server(("127.0.0.1", args.bridge_port), backlog=256)
+        forward(listener, unix_connector(args.bridge_unix))
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        print(f"forgerl-jail: cannot start {cmd[0]}: {e}", file=sys.stderr)
+        return 127
+    signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    code = child.wait()
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

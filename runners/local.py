@@ -1,0 +1,98 @@
+"""`LocalRunner`, the embedded default: each rollout in its own temp dir and sandbox on this machine.
+
+Per rollout: a temp dir holding the workspace (the task's files) and a
+private HOME for the harness; the harness runs under `Sandbox` (process tree,
+limits, network namespace where the machine allows) with the recorder as its
+only endpoint; then the workspace is graded and the outcome written. The
+temp dir is removed on every exit path. Infra failures are retried
+`retries` times with a fresh session, then recorded as `infra_error`.
+At most `parallel` rollouts run at once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forgerl.schema.store import DatasetWriter
+
+from .harnesses import Harness, RunContext
+from .rollout import InfraError, Outcome, Rollout, grade_session, now, prepare_workspace
+from .sandbox import Sandbox
+
+# What a harness inherits from the runner's environment; nothing else (keys come through RunContext.env).
+PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "TMPDIR")
+STDERR_TAIL = 4000
+
+
+@dataclass
+class LocalRunner:
+    harness: Harness
+    recorder_url: str
+    dataset: Path
+    parallel: int = 1
+    retries: int = 2
+    isolate_network: bool = True
+    model: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None  # overrides every task's own timeout
+    name: str = "local"
+
+    def run(self, rollouts: Iterable[Rollout], writer: DatasetWriter,
+            on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+        """Run every rollout (bounded parallelism); each outcome is written as soon as it is known."""
+        exe = self.harness.find()
+
+        def one(rollout: Rollout) -> Outcome:
+            outcome = self.run_one(rollout, exe)
+            writer.add_outcome(outcome.row())
+            if on_done:
+                on_done(outcome)
+            return outcome
+
+        with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="rollout") as pool:
+            return list(pool.map(one, rollouts))
+
+    def run_one(self, rollout: Rollout, exe: str) -> Outcome:
+        errors: list[str] = []
+        t_start = now()
+        for _ in range(self.retries + 1):
+            session = rollout.new_session()
+            try:
+                return self._try(rollout, exe, session)
+            except InfraError as e:
+                errors.append(f"{session}: {e}")
+        return Outcome(rollout, session, self.harness.name, self.name, "infra_error", t_start, now(),
+                       error="; ".join(errors), model=self.model, extra={"tries": len(errors)})
+
+    def _try(self, rollout: Rollout, exe: str, session: str) -> Outcome:
+        task = rollout.task
+        t_start = now()
+        tmp = Path(tempfile.mkdtemp(prefix="forgerl-rollout-"))
+        try:
+            workspace, home = tmp / "workspace", tmp / "home"
+            home.mkdir()
+            prepare_workspace(task, workspace)
+            sandbox = Sandbox(tmp, self.recorder_url, self.isolate_network)
+            ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, self.model, dict(self.env))
+            argv, harness_env = self.harness.command(exe, ctx)
+            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
+            try:
+                result = sandbox.run(argv, env, workspace, timeout_s=self.timeout_s or task.timeout_s,
+                                     cpu_s=task.cpu_s, memory_mb=task.memory_mb)
+            except OSError as e:
+                raise InfraError(f"sandbox failed to start: {e}") from None
+            scores = grade_session(task, self.dataset, session, workspace)
+            extra = {"final_answer": self.harness.final_answer(result.stdout, ctx),
+                     "harness_transcript": self.harness.own_transcript(ctx),
+                     "returncode": result.returncode, "seconds": round(result.seconds, 3),
+                     "enforced": sandbox.enforced, "stderr_tail": result.stderr[-STDERR_TAIL:] or None}
+            return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, scores,
+                                  result.timed_out, result.returncode, model=self.model, extra=extra)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,122 @@
+"""One rollout: the pieces the local runner and the Kubernetes pod entry share.
+
+A rollout is (task, attempt, harness, session id). Whatever runs it prepares
+the workspace with `prepare_workspace`, runs the harness pointed at the
+recorder's session URL, then `grade_session` builds the transcript from the
+recorded calls and runs the task's grade() on the workspace. `Outcome` is
+what goes into the dataset's `outcomes` table.
+
+Statuses: `success` (graded, reward 1.0), `failed` (graded, reward < 1, or
+the harness exited non-zero), `timeout` (the agent ran past its time; graded,
+keeps its reward), `infra_error` (workspace, sandbox, recorder, pod or grader
+failure: never scored, retried, then recorded with a null reward).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .grading import GradingError, combine, grade_workspace
+from .tasks import Task
+from .transcript import rollout_transcript
+
+FLUSH_SETTLE_S = 0.6  # the recorder's writer flushes every 0.5 s
+
+
+class InfraError(RuntimeError):
+    """Not the agent's fault: retried, never scored."""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    task: Task
+    attempt: int
+    policy_version: str = ""
+
+    def new_session(self) -> str:
+        """A fresh session id per try (a retried infra failure never shares calls with its retry)."""
+        return f"{self.task.id[:48]}-a{self.attempt}-{uuid.uuid4().hex[:8]}"
+
+
+def prepare_workspace(task: Task, workspace: Path) -> None:
+    """Copy the task's files into an empty workspace."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    try:
+        for f in task.files:
+            dest = workspace / f.dest
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if f.source.is_dir():
+                shutil.copytree(f.source, dest)
+            else:
+                shutil.copy2(f.source, dest)
+    except OSError as e:
+        raise InfraError(f"workspace setup failed: {e}") from None
+
+
+def grade_session(task: Task, dataset: Path, session: str, workspace: Path) -> dict[str, float]:
+    """Scores from grade(), with the transcript built from the session's recorded calls."""
+    time.sleep(FLUSH_SETTLE_S)  # calls answered before the harness exited are on disk after one flush
+    try:
+        transcript = rollout_transcript(dataset, session)
+        return grade_workspace(task, transcript, workspace)
+    except GradingError as e:
+        raise InfraError(str(e)) from None
+
+
+@dataclass
+class Outcome:
+    rollout: Rollout
+    session: str
+    harness: str
+    runner: str
+    status: str
+    t_start: datetime
+    t_end: datetime
+    scores: dict[str, float] | None = None
+    error: str | None = None
+    model: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def graded(cls, rollout: Rollout, session: str, harness: str, runner: str, t_start: datetime,
+               scores: dict[str, float], timed_out: bool, returncode: int | None, **kw) -> Outcome:
+        """The status for a graded run: timeout, failed (non-zero exit or reward < 1) or success."""
+        reward = combine(rollout.task, scores).reward
+        if timed_out:
+            status, error = "timeout", f"the agent ran past {rollout.task.timeout_s:.0f} s"
+        elif returncode:
+            status, error = "failed", f"harness exited with status {returncode}"
+        else:
+            status, error = ("success" if reward == 1.0 else "failed"), None
+        return cls(rollout, session, harness, runner, status, t_start, now(), scores=scores, error=error, **kw)
+
+    def row(self) -> dict:
+        graded = combine(self.rollout.task, self.scores) if self.scores is not None else None
+        return {
+            "session_id": self.session,
+            "task_id": self.rollout.task.id,
+            "attempt": self.rollout.attempt,
+            "harness": self.harness,
+            "model": self.model or None,
+            "policy_version": self.rollout.policy_version or None,
+            "status": self.status,
+            "reward": graded.reward if graded else None,
+            "passed": graded.reward == 1.0 if graded else None,
+            "scores": json.dumps(self.scores) if self.scores is not None else None,
+            "graded": json.dumps(graded.graded) if graded else None,
+            "error": self.error,
+            "runner": self.runner,
+            "t_start": self.t_start,
+            "t_end": self.t_end,
+            "extra": json.dumps(self.extra, ensure_ascii=False) if self.extra else None,
+        }
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)

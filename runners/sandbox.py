@@ -1,0 +1,187 @@
+"""Run one harness process tree under limits, and leave nothing behind.
+
+What is enforced, best first, as the machine allows (`Sandbox.enforced` says
+which, and every outcome records it):
+
+* network: `unshare --net` gives the harness a network namespace with only
+  loopback; the recorder is reached through a Unix-socket bridge
+  (`bridge.py`), so no other host or port is reachable. Without
+  unshare (no CAP_SYS_ADMIN, no user namespaces) the network is NOT
+  isolated: the harness is only pointed at the recorder.
+* processes: `--pid --fork --kill-child` makes the jail PID 1 of its own PID
+  namespace, so every descendant dies with it, even ones that `setsid` away.
+  Always also: a process group killed on timeout and exit, and a sweep of
+  the rollout's cgroup.
+* memory: a cgroup (v1 `memory.limit_in_bytes` or v2 `memory.max`) under the
+  runner's own, when writable. (RLIMIT_AS is not used: Node reserves far more
+  address space than it uses.)
+* CPU time: RLIMIT_CPU in the jail (per process).
+* wall clock: the runner kills the tree at the task's timeout.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .bridge import forward, tcp_connector, unix_listener
+
+BRIDGE_PORT = 8787  # inside the rollout's own network namespace, any port is free
+KILL_GRACE_S = 2.0
+UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
+
+
+@functools.cache
+def can_unshare() -> bool:
+    """Whether network + PID namespaces can be made here (root or user namespaces)."""
+    try:
+        return subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _own_memory_cgroup() -> tuple[Path, str] | None:
+    """The memory cgroup this process is in, and its limit file, if one can be made beneath it."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if (base / "memory.limit_in_bytes").exists():
+                return base, "memory.limit_in_bytes"
+        if controllers == "":
+            base = Path("/sys/fs/cgroup") / path.lstrip("/")
+            if (base / "memory.max").exists():
+                return base, "memory.max"
+    return None
+
+
+@dataclass
+class Result:
+    returncode: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+@dataclass
+class Sandbox:
+    """One rollout's confinement; `base_url` is the recorder as the harness must address it."""
+
+    tmp: Path  # the rollout's temp dir: logs and the bridge socket live here
+    recorder_url: str
+    isolate_network: bool = True
+    enforced: list[str] = field(default_factory=list)
+    _cgroup: Path | None = None
+    _listener: object = None
+
+    def __post_init__(self) -> None:
+        self.netns = self.isolate_network and can_unshare()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{BRIDGE_PORT}" if self.netns else self.recorder_url
+
+    def _make_cgroup(self, memory_mb: int) -> None:
+        found = _own_memory_cgroup()
+        if found is None:
+            return
+        base, limit_file = found
+        path = base / f"forgerl-{self.tmp.name}"
+        try:
+            path.mkdir()
+            (path / limit_file).write_text(str(memory_mb * 1024 * 1024))
+        except OSError:
+            return
+        self._cgroup = path
+        self.enforced.append(f"memory {memory_mb} MiB (cgroup)")
+
+    def _command(self, argv: list[str], cpu_s: int) -> list[str]:
+        jail = [sys.executable, "-m", "forgerl.runners.jail", "--cpu-seconds", str(cpu_s)]
+        if self._cgroup:
+            jail += ["--cgroup", str(self._cgroup)]
+        self.enforced.append(f"cpu {cpu_s} s (rlimit)")
+        if not self.netns:
+            self.enforced.append("process group + cgroup sweep; network NOT isolated (no unshare here)")
+            return [*jail, "--", *argv]
+        sock = str(self.tmp / "recorder.sock")
+        url = urlsplit(self.recorder_url)
+        self._listener = unix_listener(sock)
+        forward(self._listener, tcp_connector(url.hostname, url.port))
+        self.enforced.append("network namespace: recorder only; PID namespace")
+        return [*UNSHARE, *jail, "--bridge-port", str(BRIDGE_PORT), "--bridge-unix", sock, "--", *argv]
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, *, timeout_s: float, cpu_s: int,
+            memory_mb: int) -> Result:
+        """Run to completion or timeout; always kill what is left and release the cgroup and bridge."""
+        self._make_cgroup(memory_mb)
+        out_path, err_path = self.tmp / "stdout.log", self.tmp / "stderr.log"
+        start = time.monotonic()
+        timed_out = False
+        proc = None
+        try:
+            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                proc = subprocess.Popen(self._command(argv, cpu_s), cwd=cwd, env=env, stdout=out, stderr=err,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+        finally:
+            self._kill(proc)
+        return Result(returncode=None if timed_out or proc is None else proc.returncode, timed_out=timed_out,
+                      stdout=out_path.read_text(errors="replace"), stderr=err_path.read_text(errors="replace"),
+                      seconds=time.monotonic() - start)
+
+    def _kill(self, proc: subprocess.Popen | None) -> None:
+        if proc is not None:
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=KILL_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if self._listener is not None:
+            self._listener.close()
+        if self._cgroup is not None:
+            _sweep_cgroup(self._cgroup)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _sweep_cgroup(path: Path, deadline_s: float = 5.0) -> None:
+    """Kill every process still in the cgroup (even ones that left the process group), then remove it."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            time.sleep(0.05)

@@ -1,0 +1,95 @@
+"""The OpenClaw-style transcript a QwenClawBench `grade()` reads, built from a rollout's recorded calls.
+
+Harnesses resend the whole history on every call, so the rollout's last model
+call (its full input plus its output) is the conversation as the model last
+saw it. Its messages come back through the schema's canonical model
+(`call_messages`) and are written out as OpenClaw session events:
+
+    {"type": "message", "message": {"role": "user" | "assistant" | "toolResult", "content": [...]}}
+
+with content parts `{"type": "text"}`, `{"type": "thinking"}` and
+`{"type": "toolCall", "id", "name", "arguments"}`; each tool result is its own
+`toolResult` message (`toolCallId`, `isError`). System and developer
+messages are not part of an OpenClaw transcript and are left out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from forgerl.schema.messages import Message, Part
+from forgerl.schema.records import call_messages
+from forgerl.schema.store import read_table
+
+MODEL_APIS = ("anthropic", "responses", "chat", "completions")
+
+
+def _arguments(raw: str | None) -> Any:
+    try:
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return raw  # a model's malformed arguments are kept as it sent them
+
+
+def _result_text(part: Part) -> str:
+    if part.text is not None:
+        return part.text
+    return "".join(p.text or "" for p in part.content or () if p.type == "text")
+
+
+def _event(role: str, content: list[dict], **extra: Any) -> dict:
+    return {"type": "message", "message": {"role": role, "content": content, **extra}}
+
+
+def openclaw_events(messages: list[Message]) -> list[dict]:
+    """Canonical messages as OpenClaw session events."""
+    events: list[dict] = []
+    for message in messages:
+        if message.role in ("system", "developer"):
+            continue
+        content: list[dict] = []
+        for part in message.parts:
+            if part.type == "tool_result":
+                events.append(_event("toolResult", [{"type": "text", "text": _result_text(part)}],
+                                     toolCallId=part.call_id, isError=bool(part.is_error)))
+            elif part.type == "text":
+                content.append({"type": "text", "text": part.text or ""})
+            elif part.type == "reasoning":
+                content.append({"type": "thinking", "thinking": part.text or ""})
+            elif part.type == "tool_call":
+                content.append({"type": "toolCall", "id": part.call_id, "name": part.tool_name,
+                                "arguments": _arguments(part.arguments)})
+            elif part.type == "image":
+                content.append({"type": "image", "mimeType": part.media_type})
+        if content:
+            role = "assistant" if message.role == "assistant" else "user"
+            events.append(_event(role, content))
+    return events
+
+
+def last_call(root: str | Path, session: str) -> tuple[dict | None, dict[str, str]]:
+    """The session's last completed model call (with output) and its parts by hash."""
+    calls = read_table(root, "calls", ["session_id", "api", "path", "complete", "t_start", "seq", "input_refs",
+                                       "input_msg", "input_roles", "input_extra", "output_refs", "output_msg",
+                                       "output_roles", "output_extra"])
+    calls = calls.filter(pc.equal(calls.column("session_id"), session)).to_pylist()
+    calls = [c for c in calls if c["api"] in MODEL_APIS and c["complete"] and c["output_refs"]
+             and "count_tokens" not in (c["path"] or "")]
+    if not calls:
+        return None, {}
+    call = max(calls, key=lambda c: (c["t_start"], c["seq"]))
+    parts = read_table(root, "messages", ["session_id", "part_hash", "part"])
+    parts = parts.filter(pc.equal(parts.column("session_id"), session))
+    return call, dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
+
+
+def rollout_transcript(root: str | Path, session: str) -> list[dict]:
+    """The transcript `grade()` gets: the last call's input and output as OpenClaw events ([] if no call)."""
+    call, parts = last_call(root, session)
+    if call is None:
+        return []
+    return openclaw_events(call_messages(call, parts, "input") + call_messages(call, parts, "output"))
