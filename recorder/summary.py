@@ -1,6 +1,6 @@
 """What was captured, for people: `forge-record ls`, `show`, and the summary after `run`.
 
-Reads through `data_files` (a consistent view even mid-compaction) with DuckDB.
+Reads through `forgerl.schema.duck.connect`, the one DuckDB view of a dataset.
 """
 
 from __future__ import annotations
@@ -8,24 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import duckdb
-
-from forgerl.schema.store import data_files, read_manifest
-from forgerl.schema.tables import TABLES
-
-
-def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with one view per table over the dataset's files."""
-    read_manifest(Path(root))
-    con = duckdb.connect()
-    for table in ("sessions", "calls", "messages"):
-        files = data_files(root, table)
-        if files:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
-        else:
-            con.register(table, TABLES[table].empty_table())
-    return con
-
+from forgerl.schema.duck import connect
 
 SESSION_SQL = """
 SELECT c.session_id,
