@@ -1,9 +1,179 @@
-"""`forge-run`: Run tasks x attempts with a harness in local sandboxes or Kubernetes pods."""
+"""`forge-run`: run tasks x attempts with a harness pointed at the recorder, grade them, keep the outcomes.
+
+    forge-run TASKS --harness NAME --upstream URL --attempts K --parallel N --out DATASET
+              [--runner local|kubernetes] [--watch [--policy-version-from FILE|URL]]
+
+TASKS is a task file (QwenClawBench task_*.md or a forgerl *.toml spec), a
+folder of them, or a benchmark folder (tasks/ + assets/). The harness CLI is
+taken from PATH, else from the project's pinned npm install
+(node_modules/.bin). --upstream is what it is for `forge-record serve`: the
+origin the recorder forwards to (http://HOST:PORT, no /v1; request paths
+pass through unchanged), speaking the harness's own API. A recorder is
+started on a free loopback port for the run (local runner), or given with
+--recorder-url (a `forge-record serve` the pods can reach, e.g. deploy/recorder.yaml).
+
+Finished rollouts (same task, attempt, harness and policy version) are
+skipped, so an interrupted run resumes. The final table gives pass@k / pass^k
+per task. --watch keeps going: whenever the endpoint's policy version changes
+(its /v1/models root or id, or --policy-version-from), it runs the tasks
+again with every call and outcome tagged with that version.
+"""
 
 from __future__ import annotations
 
-from forgerl.pending import pending_main
+import argparse
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from tqdm import tqdm
+
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
+from forgerl.schema.store import DatasetError, DatasetWriter
+
+from . import outcomes
+from .harnesses import HARNESSES, HarnessError, get_harness
+from .policy import PolicyVersionError, PolicyVersionSource
+from .rollout import Rollout
+from .tasks import Task, TaskError, load_tasks
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="forge-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("tasks", metavar="TASKS", help="task file, folder of task files, or benchmark folder")
+    p.add_argument("--harness", required=True, choices=sorted(HARNESSES),
+                   help="harness CLI to run (found on PATH, else in the project's node_modules/.bin)")
+    p.add_argument("--upstream", default="", help="origin the recorder forwards to, http://HOST:PORT (no /v1)")
+    p.add_argument("--attempts", type=_positive, default=1, metavar="K", help="attempts per task (default 1)")
+    p.add_argument("--parallel", type=_positive, default=1, metavar="N", help="rollouts at once (default 1)")
+    p.add_argument("--out", required=True, metavar="DATASET", help="dataset root: calls and outcomes land here")
+    p.add_argument("--runner", choices=("local", "kubernetes"), default="local")
+    p.add_argument("--model", default="", help="model name passed to the harness")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="override every task's timeout")
+    p.add_argument("--retries", type=int, default=2, help="retries of an infra failure (default 2)")
+    p.add_argument("--task", action="append", default=[], metavar="ID", help="only these task ids (repeatable)")
+    p.add_argument("--no-network-isolation", action="store_true",
+                   help="local runner: do not put harnesses in a network namespace")
+    p.add_argument("--recorder-url", default="", help="use this running recorder instead of starting one "
+                   "(required for --runner kubernetes unless pods can reach this machine)")
+    p.add_argument("--watch", action="store_true", help="re-run whenever the policy version changes")
+    p.add_argument("--policy-version-from", default="", metavar="FILE|URL",
+                   help="read the policy version here instead of the upstream's /v1/models")
+    p.add_argument("--watch-interval", type=float, default=30.0, metavar="S", help="seconds between version checks")
+    p.add_argument("--rounds", type=int, default=0, help="with --watch: stop after this many versions (0: never)")
+    k8s = p.add_argument_group("kubernetes runner")
+    k8s.add_argument("--kube-api", default="", metavar="URL", help="API server URL (default: kubeconfig / in-cluster)")
+    k8s.add_argument("--kubeconfig", default="")
+    k8s.add_argument("--namespace", default="forgerl")
+    k8s.add_argument("--image", default="", help="rollout image (default: the template's)")
+    k8s.add_argument("--pod-template", default="", metavar="YAML", help="default: deploy/pod-template.yaml")
+    k8s.add_argument("--pod-tasks", default="/tasks", help="TASKS as mounted in the pods")
+    k8s.add_argument("--pod-dataset", default="/data", help="the dataset root as mounted in the pods")
+    return p
+
+
+def _select(tasks: list[Task], ids: list[str]) -> list[Task]:
+    if not ids:
+        return tasks
+    known = {t.id for t in tasks}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise UsageError(f"no such task: {', '.join(unknown)}")
+    return [t for t in tasks if t.id in ids]
+
+
+def _runner(args: argparse.Namespace, recorder_url: str):
+    harness = get_harness(args.harness)
+    if args.runner == "local":
+        from .local import LocalRunner
+        return LocalRunner(harness, recorder_url, Path(args.out), parallel=args.parallel, retries=args.retries,
+                           isolate_network=not args.no_network_isolation, model=args.model, timeout_s=args.timeout)
+    from .kubernetes import KubernetesRunner, api_client, load_template
+    template = load_template(Path(args.pod_template)) if args.pod_template else load_template()
+    return KubernetesRunner(harness, recorder_url, api_client(args.kube_api, args.kubeconfig),
+                            namespace=args.namespace, template=template, image=args.image,
+                            pod_tasks=args.pod_tasks, pod_dataset=args.pod_dataset, parallel=args.parallel,
+                            retries=args.retries, model=args.model, timeout_s=args.timeout)
+
+
+def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) -> int:
+    """One pass over tasks x attempts for one policy version; prints the pass@k table."""
+    out = Path(args.out)
+    done = outcomes.finished(out, args.harness, policy_version) if (out / "forgerl.json").exists() else set()
+    todo = [Rollout(t, a, policy_version) for t in tasks for a in range(args.attempts) if (t.id, a) not in done]
+    skipped = len(tasks) * args.attempts - len(todo)
+    label = f" (policy {policy_version})" if policy_version else ""
+    print(f"forge-run: {len(todo)} rollouts to run, {skipped} already finished{label}", file=sys.stderr)
+    with ExitStack() as stack:
+        recorder_url = args.recorder_url
+        if todo and not recorder_url:
+            upstream = args.upstream
+            config = RecorderConfig(out=out, upstream_anthropic=upstream, upstream_openai=upstream,
+                                    policy_version=policy_version)
+            recorder_url = stack.enter_context(BackgroundRecorder(config)).config.url
+        if todo:
+            runner = _runner(args, recorder_url)
+            writer = stack.enter_context(DatasetWriter(out, source="runner"))
+            bar = stack.enter_context(tqdm(total=len(todo), desc="rollouts", unit="rollout", file=sys.stderr))
+
+            def done_one(outcome) -> None:
+                bar.set_postfix_str(f"{outcome.rollout.task.id[:30]} {outcome.status}")
+                bar.update()
+
+            runner.run(todo, writer, on_done=done_one)
+    rows = [r for r in outcomes.outcome_rows(out, args.harness, policy_version) if r["task_id"] in {t.id for t in tasks}]
+    print(outcomes.format_table(outcomes.pass_table(rows, args.attempts), args.attempts))
+    return 0
+
+
+def watch(args: argparse.Namespace, tasks: list[Task]) -> int:
+    source = PolicyVersionSource(args.upstream, args.policy_version_from)
+    seen: list[str] = []
+    while not args.rounds or len(seen) < args.rounds:
+        try:
+            version = source.current()
+        except PolicyVersionError as e:
+            print(f"forge-run: {e}; retrying in {args.watch_interval:.0f} s", file=sys.stderr)
+            version = seen[-1] if seen else ""
+        if version and (not seen or version != seen[-1]):
+            seen.append(version)
+            print(f"forge-run: policy version {version}", file=sys.stderr)
+            run_round(args, tasks, version)
+            continue
+        time.sleep(args.watch_interval)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pending_main("forge-run", "Run tasks x attempts with a harness in local sandboxes or Kubernetes pods", argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if not args.upstream and not args.recorder_url:
+            raise UsageError("give --upstream URL (the model API origin) or --recorder-url URL")
+        if args.upstream and not args.upstream.startswith(("http://", "https://")):
+            raise UsageError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
+        if args.watch and not (args.upstream or args.policy_version_from):
+            raise UsageError("--watch needs --upstream (its /v1/models) or --policy-version-from")
+        tasks = _select(load_tasks(args.tasks), args.task)
+        get_harness(args.harness).find()
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        return watch(args, tasks) if args.watch else run_round(args, tasks, "")
+    except (UsageError, TaskError, HarnessError, DatasetError, PolicyVersionError, ValueError, OSError) as e:
+        print(f"forge-run: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

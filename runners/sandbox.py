@@ -113,7 +113,8 @@ class Sandbox:
             jail += ["--cgroup", str(self._cgroup)]
         self.enforced.append(f"cpu {cpu_s} s (rlimit)")
         if not self.netns:
-            self.enforced.append("process group + cgroup sweep; network NOT isolated (no unshare here)")
+            why = "no unshare here" if self.isolate_network else "left to the pod's NetworkPolicy"
+            self.enforced.append(f"process group + cgroup sweep; network not isolated by the runner ({why})")
             return [*jail, "--", *argv]
         sock = str(self.tmp / "recorder.sock")
         url = urlsplit(self.recorder_url)

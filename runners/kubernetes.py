@@ -1,0 +1,262 @@
+"""`KubernetesRunner`: one Pod per rollout, with the official `kubernetes` client.
+
+Each rollout becomes a Pod made from `deploy/pod-template.yaml` (or your own
+template): the runner sets its name, labels, image, the FORGE_* environment
+(task, session, the recorder's URL), resources from the task's limits and an
+`activeDeadlineSeconds`. The pod runs `python -m forgerl.runners.pod`, which
+prepares the workspace, runs the harness and grades it in the pod, and reports
+its scores in the termination message. The runner watches the pod to the end,
+reads that message and the logs, deletes the pod on every path, and writes the
+outcome.
+
+Infra failures -- the API server refusing or unreachable, a pod that cannot
+start (image pull, config), a pod that fails or is evicted without a result,
+a pod that does not finish by its deadline -- are retried (`retries` times,
+each as a new pod with a new session) and then recorded as `infra_error`,
+never scored. A harness that fails or times out inside a healthy pod is a
+graded outcome and keeps its reward.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import urllib3
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from forgerl.schema.store import DatasetWriter
+
+from .harnesses import Harness
+from .rollout import InfraError, Outcome, Rollout, now
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "pod-template.yaml"
+DEADLINE_GRACE_S = 300  # pod start-up, workspace, grading: on top of the task's own timeout
+WATCH_POLL_S = 5
+RETRY_BACKOFF_S = 1.0
+LOG_TAIL_BYTES = 8000
+STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                 "CreateContainerError", "CrashLoopBackOff")
+LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def label(value: str) -> str:
+    """A valid label value (<= 63 chars, alphanumeric ends)."""
+    return LABEL_VALUE.sub("-", value)[:63].strip("-_.") or "x"
+
+
+def load_template(path: Path = TEMPLATE) -> dict:
+    try:
+        template = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"pod template {path}: {e}".splitlines()[0]) from None
+    if not isinstance(template, dict) or template.get("kind") != "Pod" or not template.get("spec", {}).get("containers"):
+        raise ValueError(f"pod template {path}: expected a Pod manifest with at least one container")
+    return template
+
+
+def api_client(host: str = "", kubeconfig: str = "") -> client.ApiClient:
+    """A client for `host` (an API server URL), else kubeconfig / in-cluster configuration."""
+    from kubernetes import config
+    if host:
+        configuration = client.Configuration()
+        configuration.host = host
+        return client.ApiClient(configuration)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig or None)
+    return client.ApiClient()
+
+
+@dataclass
+class PodReport:
+    phase: str
+    message: str | None
+    reason: str | None
+    exit_code: int | None
+
+
+@dataclass
+class KubernetesRunner:
+    harness: Harness
+    recorder_url: str  # as reachable from pods (the recorder Service)
+    api: client.ApiClient
+    namespace: str = "forgerl"
+    template: dict = field(default_factory=load_template)
+    image: str = ""
+    pod_tasks: str = "/tasks"  # FORGE_TASKS as mounted in pods
+    pod_dataset: str = "/data"  # FORGE_DATASET as mounted in pods
+    parallel: int = 1
+    retries: int = 2
+    model: str = ""
+    timeout_s: float | None = None
+    deadline_grace_s: float = DEADLINE_GRACE_S
+    name: str = "kubernetes"
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api)
+
+    # the batch ---------------------------------------------------------
+
+    def run(self, rollouts: Iterable[Rollout], writer: DatasetWriter,
+            on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+        def one(rollout: Rollout) -> Outcome:
+            outcome = self.run_one(rollout)
+            writer.add_outcome(outcome.row())
+            if on_done:
+                on_done(outcome)
+            return outcome
+
+        with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="pod") as pool:
+            return list(pool.map(one, rollouts))
+
+    def run_one(self, rollout: Rollout) -> Outcome:
+        errors: list[str] = []
+        t_start = now()
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(RETRY_BACKOFF_S * attempt)
+            session = rollout.new_session()
+            try:
+                return self._try(rollout, session)
+            except InfraError as e:
+                errors.append(f"{session}: {e}")
+        return Outcome(rollout, session, self.harness.name, self.name, "infra_error", t_start, now(),
+                       error="; ".join(errors), model=self.model, extra={"tries": len(errors)})
+
+    # one pod -----------------------------------------------------------
+
+    def pod_manifest(self, rollout: Rollout, session: str) -> dict:
+        task = rollout.task
+        timeout = self.timeout_s or task.timeout_s
+        pod = copy.deepcopy(self.template)
+        meta = pod.setdefault("metadata", {})
+        meta["name"] = label(f"forgerl-{session}").lower().replace("_", "-").replace(".", "-")
+        meta["namespace"] = self.namespace
+        meta["labels"] = {**meta.get("labels", {}), "forgerl.dev/session": label(session),
+                          "forgerl.dev/task": label(task.id), "forgerl.dev/attempt": str(rollout.attempt),
+                          "forgerl.dev/harness": label(self.harness.name)}
+        spec = pod["spec"]
+        spec["restartPolicy"] = "Never"
+        spec["activeDeadlineSeconds"] = int(timeout + self.deadline_grace_s)
+        container = spec["containers"][0]
+        if self.image:
+            container["image"] = self.image
+        forge_env = {"FORGE_TASKS": self.pod_tasks, "FORGE_TASK_ID": task.id, "FORGE_ATTEMPT": str(rollout.attempt),
+                     "FORGE_HARNESS": self.harness.name, "FORGE_SESSION_ID": session,
+                     "FORGE_RECORDER_URL": self.recorder_url, "FORGE_DATASET": self.pod_dataset,
+                     "FORGE_MODEL": self.model, "FORGE_TIMEOUT_S": str(timeout)}
+        env = [e for e in container.get("env", []) if e.get("name") not in forge_env]
+        container["env"] = env + [{"name": k, "value": v} for k, v in forge_env.items()]
+        limits = {"cpu": str(max(1, task.cpu_s // max(1, int(timeout)))), "memory": f"{task.memory_mb}Mi"}
+        container["resources"] = {"limits": limits, "requests": dict(limits)}
+        return pod
+
+    def _try(self, rollout: Rollout, session: str) -> Outcome:
+        pod = self.pod_manifest(rollout, session)
+        name = pod["metadata"]["name"]
+        t_start = now()
+        try:
+            self.core.create_namespaced_pod(self.namespace, pod)
+        except (ApiException, urllib3.exceptions.HTTPError) as e:
+            self._delete(name, quiet=True)  # a refused or timed-out create may still have made the pod
+            raise InfraError(f"creating pod {name}: {_api_error(e)}") from None
+        try:
+            report = self._wait(name, pod["spec"]["activeDeadlineSeconds"])
+            logs = self._logs(name)
+        finally:
+            self._delete(name)
+        return self._outcome(rollout, session, t_start, report, logs)
+
+    def _wait(self, name: str, deadline_s: float) -> PodReport:
+        """Watch the pod until it terminates; InfraError if it cannot start or outlives its deadline."""
+        deadline = time.monotonic() + deadline_s
+        while (left := deadline - time.monotonic()) > 0:
+            w = watch.Watch()
+            try:
+                for event in w.stream(self.core.list_namespaced_pod, self.namespace,
+                                      field_selector=f"metadata.name={name}",
+                                      _request_timeout=min(left, WATCH_POLL_S)):
+                    pod = event["object"]
+                    if pod.metadata.name != name:  # servers that ignore the field selector
+                        continue
+                    if event["type"] == "DELETED":
+                        raise InfraError(f"pod {name} was deleted before it finished")
+                    report = _report(pod)
+                    if report is not None:
+                        return report
+                    if deadline - time.monotonic() <= 0:
+                        break
+            except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError, TimeoutError):
+                continue  # no event within the poll interval: check the deadline, watch again
+            except (ApiException, urllib3.exceptions.HTTPError) as e:
+                raise InfraError(f"watching pod {name}: {_api_error(e)}") from None
+            finally:
+                w.stop()
+        raise InfraError(f"pod {name} did not finish within {deadline_s:.0f} s")
+
+    def _logs(self, name: str) -> str | None:
+        try:
+            return self.core.read_namespaced_pod_log(name, self.namespace, _request_timeout=WATCH_POLL_S)
+        except (ApiException, urllib3.exceptions.HTTPError):
+            return None  # logs are a nicety; the result is in the termination message
+
+    def _delete(self, name: str, quiet: bool = False) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+        except (ApiException, urllib3.exceptions.HTTPError) as e:
+            if not quiet and getattr(e, "status", None) != 404:
+                print(f"forge-run: could not delete pod {name} (the janitor will): {_api_error(e)}",
+                      file=sys.stderr, flush=True)
+
+    def _outcome(self, rollout: Rollout, session: str, t_start, report: PodReport, logs: str | None) -> Outcome:
+        try:
+            result = json.loads(report.message or "")
+        except json.JSONDecodeError:
+            result = None
+        if not isinstance(result, dict) or result.get("session") != session:
+            raise InfraError(f"pod {report.phase} without a result (reason {report.reason}, "
+                             f"exit code {report.exit_code})")
+        if result["status"] != "graded":
+            raise InfraError(result.get("error") or "the pod reported an infra error")
+        extra = {"final_answer": result.get("final_answer"), "returncode": result.get("returncode"),
+                 "seconds": result.get("seconds"), "enforced": result.get("enforced"),
+                 "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None}
+        return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, result["scores"],
+                              bool(result.get("timed_out")), result.get("returncode"), model=self.model, extra=extra)
+
+
+def _report(pod: client.V1Pod) -> PodReport | None:
+    """A terminated pod's report; None while it is still pending or running; InfraError if it is stuck."""
+    status = pod.status
+    phase = status.phase if status else None
+    states = [cs.state for cs in (status.container_statuses or [])] if status else []
+    for state in states:
+        if state and state.waiting and state.waiting.reason in STUCK_REASONS:
+            raise InfraError(f"pod cannot start: {state.waiting.reason}: {state.waiting.message or ''}".rstrip(": "))
+    if phase not in ("Succeeded", "Failed"):
+        return None
+    terminated = next((s.terminated for s in states if s and s.terminated), None)
+    return PodReport(phase=phase, message=terminated.message if terminated else None,
+                     reason=(terminated.reason if terminated else None) or status.reason,
+                     exit_code=terminated.exit_code if terminated else None)
+
+
+def _api_error(e: Exception) -> str:
+    if isinstance(e, ApiException):
+        try:
+            message = json.loads(e.body or "{}").get("message")
+        except (json.JSONDecodeError, AttributeError):
+            message = None
+        return f"HTTP {e.status} {e.reason}" + (f": {message[:200]}" if message else "")
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,65 @@
+"""Outcomes already in the dataset: what a resumed run skips, and the pass@k / pass^k table.
+
+pass@k and pass^k come from `forgerl.analysis.reliability` (the project's one
+implementation). A run passes only at reward 1.0; infra failures are not
+attempts. Every shipped QwenClawBench task is hybrid: without an LLM judge the
+reward is the automated part only, so these numbers do not compare with
+published QwenClawBench totals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from forgerl.analysis.reliability import pass_at_k, pass_pow_k
+from forgerl.schema.store import MANIFEST, read_table
+
+FINISHED = ("success", "failed", "timeout")
+
+
+def outcome_rows(root: Path, harness: str, policy_version: str) -> list[dict]:
+    if not (root / MANIFEST).exists():
+        return []
+    rows = read_table(root, "outcomes", ["task_id", "attempt", "harness", "policy_version", "status", "reward",
+                                          "passed"]).to_pylist()
+    return [r for r in rows if r["harness"] == harness and (r["policy_version"] or "") == policy_version]
+
+
+def finished(root: Path, harness: str, policy_version: str) -> set[tuple[str, int]]:
+    """(task, attempt) pairs with a final outcome for this harness and policy version."""
+    return {(r["task_id"], r["attempt"]) for r in outcome_rows(root, harness, policy_version)
+            if r["status"] in FINISHED}
+
+
+def pass_table(rows: list[dict], k: int) -> list[dict]:
+    """Per task: n scored attempts, c passed, mean reward, pass@1, pass@k, pass^k (None when n < k)."""
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_task[r["task_id"]].append(r)
+    table = []
+    for task, runs in sorted(by_task.items()):
+        scored = [r for r in runs if r["status"] in FINISHED]
+        n, c = len(scored), sum(bool(r["passed"]) for r in scored)
+        table.append({"task": task, "n": n, "passed": c, "infra": len(runs) - n,
+                      "mean_reward": sum(r["reward"] for r in scored) / n if n else None,
+                      "pass@1": pass_at_k(n, c, 1) if n else None,
+                      f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
+                      f"pass^{k}": pass_pow_k(n, c, k) if n >= k else None})
+    return table
+
+
+def format_table(table: list[dict], k: int) -> str:
+    cols = ["task", "n", "passed", "infra", "mean_reward", "pass@1", f"pass@{k}", f"pass^{k}"]
+    cols = list(dict.fromkeys(cols))  # k == 1: pass@1 once
+
+    def cell(v: object) -> str:
+        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    rows = [[cell(r[c]) for c in cols] for r in table]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
+    lines.append("reward = automated checks only (no LLM judge configured): not comparable with published "
+                 "QwenClawBench totals")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""The entry point of a rollout pod: the same workspace, sandbox and grading as the local runner, inside a pod.
+
+    python -m forgerl.runners.pod     (configured by environment, set from the pod template)
+
+FORGE_TASKS (task file/folder as mounted in the pod), FORGE_TASK_ID,
+FORGE_ATTEMPT, FORGE_HARNESS, FORGE_RECORDER_URL, FORGE_SESSION_ID,
+FORGE_DATASET (the dataset root the recorder writes, mounted read-only: the
+transcript for grade() is built from it), FORGE_MODEL, FORGE_TIMEOUT_S,
+FORGE_WORKDIR (default /work), FORGE_RESULT_PATH (default /dev/termination-log).
+
+grade() runs here, in the pod, against the pod's workspace. The result (scores,
+or an infra error) is written as JSON to the termination message (what the
+runner reads) and printed as the last log line after `FORGE_RESULT `. The
+exit status is 0 whenever a result was written, so a non-zero exit or a pod
+without a result means the pod itself failed (an infra failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from .harnesses import RunContext, get_harness
+from .local import PASSTHROUGH_ENV
+from .rollout import InfraError, grade_session, prepare_workspace
+from .sandbox import Sandbox
+from .tasks import find_task
+
+RESULT_PREFIX = "FORGE_RESULT "
+TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+
+
+def _fit(result: dict) -> str:
+    """The result as JSON within the termination-message limit (the final answer is cut first)."""
+    text = json.dumps(result, ensure_ascii=False)
+    if len(text.encode()) > TERMINATION_LIMIT and result.get("final_answer"):
+        result = {**result, "final_answer": None}
+        text = json.dumps(result, ensure_ascii=False)
+    return text
+
+
+def run_pod(env: dict[str, str]) -> dict:
+    task = find_task(Path(env["FORGE_TASKS"]), env["FORGE_TASK_ID"])
+    harness = get_harness(env["FORGE_HARNESS"])
+    work = Path(env.get("FORGE_WORKDIR", "/work"))
+    workspace, home = work / "workspace", work / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    session = env["FORGE_SESSION_ID"]
+    try:
+        prepare_workspace(task, workspace)
+        sandbox = Sandbox(work, env["FORGE_RECORDER_URL"], isolate_network=False)
+        keys = {k: v for k, v in env.items() if k in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
+        ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, env.get("FORGE_MODEL", ""), keys)
+        argv, harness_env = harness.command(harness.find(), ctx)
+        run_env = {k: env[k] for k in PASSTHROUGH_ENV if k in env} | harness_env
+        result = sandbox.run(argv, run_env, workspace, timeout_s=float(env.get("FORGE_TIMEOUT_S") or task.timeout_s),
+                             cpu_s=task.cpu_s, memory_mb=task.memory_mb)
+        scores = grade_session(task, Path(env["FORGE_DATASET"]), session, workspace)
+    except InfraError as e:
+        return {"session": session, "status": "infra_error", "error": str(e)}
+    return {"session": session, "status": "graded", "scores": scores, "timed_out": result.timed_out,
+            "returncode": result.returncode, "seconds": round(result.seconds, 3), "enforced": sandbox.enforced,
+            "final_answer": harness.final_answer(result.stdout, ctx)}
+
+
+def main() -> int:
+    result = run_pod(dict(os.environ))
+    text = _fit(result)
+    Path(os.environ.get("FORGE_RESULT_PATH", "/dev/termination-log")).write_text(text)
+    print(RESULT_PREFIX + json.dumps(result, ensure_ascii=False), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

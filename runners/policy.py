@@ -1,0 +1,54 @@
+"""Which policy version the endpoint is serving, for `forge-run --watch` (online refresh).
+
+By default the version is the served model's `root` (else its `id`) from the
+upstream's `GET /v1/models`: vLLM reports the weights it loaded there. A
+trainer that swaps weights in place publishes a version instead, in a file or
+at a URL, and `--policy-version-from` reads that.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+TIMEOUT_S = 10
+
+
+class PolicyVersionError(RuntimeError):
+    pass
+
+
+def _get(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:  # noqa: S310 - the user's own endpoint
+            return r.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        raise PolicyVersionError(f"cannot read the policy version from {url}: {e}") from None
+
+
+@dataclass(frozen=True)
+class PolicyVersionSource:
+    upstream: str = ""
+    version_from: str = ""  # a file path or an http(s) URL whose body is the version
+
+    def current(self) -> str:
+        if self.version_from:
+            if self.version_from.startswith(("http://", "https://")):
+                text = _get(self.version_from)
+            else:
+                try:
+                    text = Path(self.version_from).read_text()
+                except OSError as e:
+                    raise PolicyVersionError(f"cannot read the policy version file: {e}") from None
+            if not text.strip():
+                raise PolicyVersionError(f"{self.version_from} is empty")
+            return text.strip()
+        body = _get(f"{self.upstream.rstrip('/')}/v1/models")
+        try:
+            models = json.loads(body)["data"]
+            model = models[0]
+            return str(model.get("root") or model["id"])
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise PolicyVersionError(f"{self.upstream}/v1/models lists no model") from None
