@@ -92,3 +92,29 @@ def rollout_processes(marker: str) -> list[int]:
 def rollout_dirs() -> set[str]:
     import tempfile
     return {p.name for p in Path(tempfile.gettempdir()).glob("forgerl-rollout-*")}
+
+
+def toml_task(folder: Path, task_id: str, grader_body: str, *, timeout_s: float = 60, memory_mb: int = 1024,
+              prompt: str = "do it") -> Path:
+    """A forgerl TOML task whose grade() runs `grader_body` (with `ws = Path(workspace_path)`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "seed.txt").write_text("seed\n")
+    body = "\n".join("    " + line for line in grader_body.strip().splitlines())
+    path = folder / f"{task_id}.toml"
+    path.write_text(f'''id = "{task_id}"
+prompt = "{prompt}"
+timeout_seconds = {timeout_s}
+[limits]
+memory_mb = {memory_mb}
+[[workspace_files]]
+source = "seed.txt"
+dest = "in/seed.txt"
+[grading]
+code = """
+from pathlib import Path
+def grade(transcript, workspace_path):
+    ws = Path(workspace_path)
+{body}
+"""
+''')
+    return path

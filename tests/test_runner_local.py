@@ -1,0 +1,153 @@
+"""LocalRunner confinement: timeouts, crashes, escaping children, network and memory limits, clean-up.
+
+The agent here is a Python snippet run like any harness (`PythonHarness`), so
+each test can misbehave on purpose; the recorder and the upstream are real.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+
+import pytest
+
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
+from forgerl.recorder.scripted import ScriptedUpstream
+from forgerl.runners.local import LocalRunner
+from forgerl.runners.rollout import Rollout
+from forgerl.runners.sandbox import can_unshare
+from forgerl.runners.tasks import load_tasks
+from forgerl.schema.store import DatasetWriter, read_table
+
+from runner_fixtures import PythonHarness, rollout_dirs, rollout_processes, toml_task
+
+GRADE_FILE = """
+p = ws / "out.json"
+return json.loads(p.read_text()) if p.exists() else {"wrote": 0.0}
+""".replace("return", "import json\nreturn", 1)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("local")
+    with ScriptedUpstream() as up, BackgroundRecorder(RecorderConfig(out=root / "data", upstream_anthropic=up.url,
+                                                                     upstream_openai=up.url)) as rec:
+        yield root, up, rec
+
+
+def run(stack, code: str, *, isolate: bool = True, timeout_s: float = 30, memory_mb: int = 1024, grader=GRADE_FILE,
+        retries: int = 0):
+    root, _, rec = stack
+    name = f"t{uuid.uuid4().hex[:6]}"
+    [task] = load_tasks(toml_task(root / "tasks" / name, name, grader, timeout_s=timeout_s, memory_mb=memory_mb))
+    runner = LocalRunner(PythonHarness(code=code), rec.config.url, root / "data", retries=retries,
+                         isolate_network=isolate)
+    before = rollout_dirs()
+    with DatasetWriter(root / "data", source="runner") as writer:
+        [outcome] = runner.run([Rollout(task, 0)], writer)
+    assert rollout_dirs() - before == set(), "the rollout's temp dir was left behind"
+    return outcome, task
+
+
+def write_scores(scores: dict) -> str:
+    return f"import json, pathlib; pathlib.Path('out.json').write_text(json.dumps({scores!r}))\n"
+
+
+def test_success_is_graded_and_written(stack):
+    outcome, task = run(stack, write_scores({"a": 1.0, "b": 1.0}) + "print('all done')")
+    assert outcome.status == "success" and outcome.error is None
+    row = outcome.row()
+    assert row["reward"] == 1.0 and row["passed"] is True and json.loads(row["scores"]) == {"a": 1.0, "b": 1.0}
+    assert outcome.extra["final_answer"] == "all done"
+    root = stack[0]
+    rows = [r for r in read_table(root / "data", "outcomes").to_pylist() if r["task_id"] == task.id]
+    assert [(r["status"], r["reward"], r["session_id"]) for r in rows] == [("success", 1.0, outcome.session)]
+
+
+def test_workspace_holds_the_task_files_and_nothing_is_shared(stack):
+    code = ("import os, pathlib; s = pathlib.Path('in/seed.txt').read_text()\n"
+            + "home = os.environ['HOME']; ok = float(s == 'seed\\n' and home.endswith('/home') and os.getcwd() != home)\n"
+            + "import json; pathlib.Path('out.json').write_text(json.dumps({'seed': ok}))\n")
+    outcome, _ = run(stack, code)
+    assert outcome.status == "success", outcome.extra
+
+
+def test_harness_exiting_non_zero_is_a_graded_failure(stack):
+    outcome, _ = run(stack, write_scores({"a": 1.0, "b": 0.0}) + "raise SystemExit(3)")
+    assert outcome.status == "failed" and outcome.error == "harness exited with status 3"
+    assert outcome.row()["reward"] == 0.5 and outcome.extra["returncode"] == 3
+
+
+def test_hanging_harness_times_out_keeps_its_reward_and_leaves_nothing(stack):
+    marker = f"forgerl-hang-{uuid.uuid4().hex[:8]}"
+    code = (write_scores({"started": 1.0, "finished": 0.0})
+            + f"import subprocess, time; subprocess.Popen(['python3', '-c', 'import time; time.sleep(300) # {marker}'])\n"
+            + f"time.sleep(300)  # {marker}")
+    outcome, _ = run(stack, code, timeout_s=3)
+    assert outcome.status == "timeout" and outcome.row()["reward"] == 0.5
+    assert outcome.extra["seconds"] < 15
+    assert rollout_processes(marker) == []
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "no-namespaces"])
+def test_a_child_that_escapes_the_process_group_is_killed(stack, isolate):
+    marker = f"forgerl-orphan-{uuid.uuid4().hex[:8]}"
+    code = (write_scores({"a": 1.0})
+            + "import subprocess\n"
+            + f"subprocess.Popen(['python3', '-c', 'import os, time; os.setsid(); time.sleep(300) # {marker}'],"
+            + " start_new_session=True)\n")
+    outcome, _ = run(stack, code, isolate=isolate)
+    assert outcome.status == "success"
+    assert rollout_processes(marker) == [], "a child outlived its rollout"
+
+
+@pytest.mark.skipif(not can_unshare(), reason="no network namespaces on this machine (see runners/README.md)")
+def test_network_namespace_reaches_the_recorder_and_nothing_else(stack):
+    _, up, _ = stack
+    port = int(up.url.rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # this machine's outward address
+        s.connect(("10.255.255.255", 1))
+        host_ip = s.getsockname()[0]
+    code = f"""
+import json, os, pathlib, socket, urllib.request
+base, session = os.environ["FORGE_BASE_URL"], os.environ["FORGE_SESSION_ID"]
+def refused(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return 0.0
+    except OSError:
+        return 1.0
+with urllib.request.urlopen(f"{{base}}/s/{{session}}/v1/models", timeout=10) as r:
+    recorder = float(r.status == 200 and b"data" in r.read())
+scores = {{"recorder": recorder, "upstream_direct": refused("127.0.0.1", {port}),
+          "host": refused("{host_ip}", {port}), "internet": refused("1.1.1.1", 443)}}
+pathlib.Path("out.json").write_text(json.dumps(scores))
+"""
+    outcome, _ = run(stack, code)
+    assert json.loads(outcome.row()["scores"]) == {"recorder": 1.0, "upstream_direct": 1.0, "host": 1.0,
+                                                   "internet": 1.0}
+    assert any("network namespace" in e for e in outcome.extra["enforced"])
+
+
+def test_memory_limit_kills_a_hog(stack):
+    outcome, _ = run(stack, write_scores({"a": 1.0}) + "hog = bytearray(600 * 1024 * 1024)\nhog[::4096] = b'x' * len(hog[::4096])",
+                     memory_mb=128)
+    if not any("memory" in e for e in outcome.extra["enforced"]):
+        pytest.skip("no writable memory cgroup on this machine")
+    assert outcome.status == "failed" and outcome.extra["returncode"] == 137
+
+
+def test_infra_failure_is_retried_then_recorded_unscored(stack):
+    root, _, rec = stack
+    [task] = load_tasks(toml_task(root / "tasks" / "infra", "infra", "return {'a': 1.0}"))
+    (root / "tasks" / "infra" / "seed.txt").unlink()  # the workspace cannot be prepared
+    runner = LocalRunner(PythonHarness(code="pass"), rec.config.url, root / "data", retries=2)
+    before = rollout_dirs()
+    with DatasetWriter(root / "data", source="runner") as writer:
+        [outcome] = runner.run([Rollout(task, 0)], writer)
+    assert outcome.status == "infra_error" and outcome.extra["tries"] == 3
+    assert outcome.error.count("workspace setup failed") == 3
+    row = outcome.row()
+    assert row["reward"] is None and row["passed"] is None and row["scores"] is None
+    assert rollout_dirs() - before == set()

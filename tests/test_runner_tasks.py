@@ -1,0 +1,119 @@
+"""Task loading, the OpenClaw transcript built from canonical messages, grading and reward arithmetic."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from forgerl.runners.grading import NOT_GRADED, GradingError, combine, grade_workspace
+from forgerl.runners.tasks import TaskError, find_task, load_tasks
+from forgerl.runners.transcript import openclaw_events
+from forgerl.schema.messages import Message, Part
+
+from runner_fixtures import BENCH, NOVEL_TASK, SPARQL_QUERY, SPARQL_SCORE, SPARQL_TASK, toml_task
+
+
+def test_loads_every_shipped_qwenclawbench_task():
+    tasks = load_tasks(BENCH)
+    assert len(tasks) == 34
+    for task in tasks:
+        assert task.prompt and "def grade(" in task.grader and task.timeout_s == 1800
+        assert all(f.source.is_file() for f in task.files), task.id
+        assert task.grading_type == "hybrid" and set(task.weights) == {"automated", "llm_judge"}
+    sparql = find_task(BENCH, SPARQL_TASK)
+    assert sparql.weights == {"automated": 0.5, "llm_judge": 0.5}
+    assert [f.dest for f in sparql.files][:2] == ["data/ontology_spec.ttl", "data/sample_reviews.ttl"]
+    assert "SPARQL" in sparql.prompt and "## " not in sparql.prompt
+
+
+def test_single_file_and_plain_folder(tmp_path):
+    path = toml_task(tmp_path / "t", "alpha", "return {'x': 1.0}")
+    [task] = load_tasks(path)
+    assert task.id == "alpha" and task.memory_mb == 1024 and task.timeout_s == 60
+    assert task.files[0].dest == "in/seed.txt" and task.files[0].source == tmp_path / "t" / "seed.txt"
+    toml_task(tmp_path / "t", "beta", "return {'x': 0.0}")
+    assert [t.id for t in load_tasks(tmp_path / "t")] == ["alpha", "beta"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('id = "x"\nprompt = "p"\n', r"needs id, prompt and \[grading\] code"),
+    ('id = "x"\nprompt = "p"\n[grading]\ncode = "x"\n[[workspace_files]]\nsource = "a"\ndest = "../a"\n',
+     "relative path inside the workspace"),
+    ('id = "x"\nprompt = "p"\n[grading]\ncode = "x"\nweights = {automated = -1}\n', "non-negative"),
+    ("id = \n", "Invalid"),
+])
+def test_bad_task_files_name_the_problem(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(TaskError, match=message):
+        load_tasks(path)
+
+
+def test_missing_and_empty_task_paths(tmp_path):
+    with pytest.raises(TaskError, match="no such task file or folder"):
+        load_tasks(tmp_path / "nope")
+    with pytest.raises(TaskError, match="no task files"):
+        load_tasks(tmp_path)
+
+
+def test_openclaw_events_from_canonical_messages():
+    messages = [
+        Message("system", (Part("text", text="be brief"),)),
+        Message("user", (Part("text", text="write q"),)),
+        Message("assistant", (Part("reasoning", text="hmm"), Part("text", text="ok"),
+                              Part("tool_call", tool_name="Bash", call_id="c1", arguments='{"command": "ls"}'))),
+        Message("user", (Part("tool_result", call_id="c1", content=(Part("text", text="a.txt"),), is_error=True),)),
+        Message("assistant", (Part("text", text="done"),)),
+    ]
+    events = openclaw_events(messages)
+    assert [e["message"]["role"] for e in events] == ["user", "assistant", "toolResult", "assistant"]
+    assert all(e["type"] == "message" for e in events)
+    assert events[1]["message"]["content"] == [
+        {"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "ok"},
+        {"type": "toolCall", "id": "c1", "name": "Bash", "arguments": {"command": "ls"}}]
+    assert events[2]["message"] == {"role": "toolResult", "content": [{"type": "text", "text": "a.txt"}],
+                                    "toolCallId": "c1", "isError": True}
+
+
+def test_reward_is_the_graded_parts_weighted_mean():
+    sparql = find_task(BENCH, SPARQL_TASK)
+    scores = {"a": 1.0, "b": 0.0, "c": 0.5}
+    r = combine(sparql, scores)
+    assert r.reward == pytest.approx(0.5)  # no judge: the automated mean itself
+    assert r.graded == {"automated": {"weight": 0.5, "score": pytest.approx(0.5)}, "llm_judge": NOT_GRADED}
+    judged = combine(sparql, scores, judge_score=1.0)
+    assert judged.reward == pytest.approx(0.75)
+    assert judged.graded["llm_judge"] == {"weight": 0.5, "score": 1.0}
+
+
+def test_grade_runs_the_real_checks_on_a_workspace(tmp_path):
+    sparql = find_task(BENCH, SPARQL_TASK)
+    assert grade_workspace(sparql, [], tmp_path)["file_created"] == 0.0
+    (tmp_path / "query_output.sparql").write_text(SPARQL_QUERY)
+    scores = grade_workspace(sparql, [], tmp_path)
+    assert sum(scores.values()) / len(scores) == pytest.approx(SPARQL_SCORE)
+    assert scores["no_reviewer_name"] == 0.0
+    novel = find_task(BENCH, NOVEL_TASK)
+    transcript = [{"type": "message", "message": {"role": "assistant",
+                                                  "content": [{"type": "text", "text": "The Borrowed Mind"}]}}]
+    assert grade_workspace(novel, transcript, tmp_path)["novel_title_mentioned"] == 1.0
+
+
+@pytest.mark.parametrize("body, message", [
+    ("raise KeyError('boom')", "KeyError: 'boom'"),
+    ("return {'a': 'high'}", "not a number"),
+    ("return [1]", "expected a dict"),
+])
+def test_broken_graders_are_errors(tmp_path, body, message):
+    task = load_tasks(toml_task(tmp_path / "t", "g", body))[0]
+    with pytest.raises(GradingError, match=message):
+        grade_workspace(task, [], tmp_path)
+
+
+def test_a_hanging_grader_is_stopped(tmp_path):
+    task = load_tasks(toml_task(tmp_path / "t", "g", "import time\ntime.sleep(60)"))[0]
+    start = time.monotonic()
+    with pytest.raises(GradingError, match="ran past 1 s"):
+        grade_workspace(task, [], tmp_path, timeout=1)
+    assert time.monotonic() - start < 10
