@@ -1,4 +1,23 @@
 """Analysis: DuckDB views and behaviour metrics over a dataset root.
 
+`connect(DATASET)` is the entry point: the dataset's tables (through
+`forgerl.schema.duck`) plus every derived view of `views.VIEWS`.
 May import `forgerl.schema`; the runners and trainer build on it, not the reverse.
 """
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+
+from forgerl.schema import duck
+
+from .views import VIEWS, materialize, register
+
+__all__ = ["VIEWS", "connect", "materialize"]
+
+
+def connect(root: str | os.PathLike, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with a view per dataset table and every behaviour view (`DatasetError` if not a dataset)."""
+    return register(duck.connect(root, threads=threads))

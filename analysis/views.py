@@ -1,0 +1,398 @@
+"""The derived DuckDB views: tool calls and results, turns, behaviour metrics, reliability.
+
+Each view is a named SQL definition with a one-line doc; `register` creates
+them all on a connection from `forgerl.schema.duck.connect`. Harness names,
+check commands and error text come from `kinds.py` tables, never literals
+here. README.md defines every metric in words; the definitions below are the
+truth those words describe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+from . import kinds
+from .reliability import pass_at_k, pass_pow_k
+
+GROUPS: dict[str, str] = {"harness": "harness", "model": "model", "task": "task"}
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    doc: str
+    sql: str
+
+
+def _lit(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _coalesce_keys(keys: tuple[str, ...], doc: str = "args") -> str:
+    return "coalesce(" + ", ".join(f"json_extract_string({doc}, {_lit('$.' + k)})" for k in keys) + ")"
+
+
+def _first_match(column: str, patterns: dict[str, str]) -> str:
+    whens = " ".join(f"WHEN regexp_matches({column}, {_lit(p)}) THEN {_lit(name)}" for name, p in patterns.items())
+    return f"CASE {whens} END"
+
+
+def _snapshot_statuses() -> str:
+    whens = " ".join(f"WHEN tool_name = {_lit(t)} THEN json_extract_string(args, {_lit(path + '[*].status')})"
+                     for t, path in kinds.PLAN_SNAPSHOTS.items())
+    return f"CASE {whens} END"
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(map(_lit, names))
+
+
+TURNS = """
+SELECT session_id, call_id,
+       row_number() OVER (PARTITION BY session_id ORDER BY t_start, seq, call_id) AS turn,
+       t_start, t_end, api, coalesce(model_returned, model_requested) AS model, stop_reason,
+       input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+       output_refs
+FROM calls WHERE len(output_refs) > 0
+"""
+
+TOOL_CALLS = f"""
+WITH refs AS (
+  SELECT session_id, call_id, turn, unnest(output_refs) AS part_hash, generate_subscripts(output_refs, 1) AS pos
+  FROM turns),
+raw AS (
+  SELECT r.session_id, r.call_id, r.turn, r.pos, r.turn * 100000 + r.pos AS step,
+         m.tool_call_id, m.tool_name, m.arguments, coalesce(k.kind, 'other') AS declared_kind,
+         try(m.arguments::JSON) AS args
+  FROM refs r JOIN messages m ON m.session_id = r.session_id AND m.part_hash = r.part_hash
+  LEFT JOIN tool_kinds k ON k.tool_name = m.tool_name
+  WHERE m.part_type = 'tool_call'),
+cmd AS (
+  SELECT *,
+    CASE WHEN json_type(args, '$.command') = 'ARRAY' THEN (
+           WITH l AS (SELECT json_extract_string(args, '$.command[*]') AS a)
+           SELECT CASE WHEN len(a) >= 3 AND regexp_matches(a[1], '(^|/)(ba|z)?sh$') AND a[2] IN ('-c', '-lc')
+                       THEN a[3] ELSE array_to_string(a, ' ') END FROM l)
+         ELSE {_coalesce_keys(kinds.COMMAND_KEYS)} END AS command
+  FROM raw),
+tok AS (
+  SELECT *, regexp_replace(trim(command), '^(cd\\s+[^;&|]+?\\s*(&&|;)\\s*)+', '') AS command_line,
+         string_split_regex(trim(regexp_replace(trim(command), '^(cd\\s+[^;&|]+?\\s*(&&|;)\\s*)+', '')), '\\s+')
+           AS tokens
+  FROM cmd),
+prog AS (
+  SELECT *, CASE WHEN command IS NOT NULL THEN regexp_replace(tokens[1], '^.*/', '') END AS program,
+         CASE WHEN command IS NOT NULL THEN list_filter(tokens[2:], lambda x: NOT starts_with(x, '-'))[1] END AS program_arg
+  FROM tok),
+kinded AS (
+  SELECT *, CASE WHEN program = 'apply_patch' THEN 'write' ELSE declared_kind END AS kind,
+         coalesce({_coalesce_keys(kinds.PATH_KEYS)},
+                  nullif(regexp_extract(coalesce(json_extract_string(args, '$.input'),
+                                                 json_extract_string(args, '$.patch'),
+                                                 CASE WHEN args IS NULL THEN arguments END, command, ''),
+                                        {_lit(kinds.PATCH_FILE)}, 1), '')) AS path
+  FROM prog)
+SELECT session_id, call_id, turn, pos, step, tool_call_id, tool_name, kind, arguments, path, command,
+       command_line, program, program_arg,
+       coalesce(path, CASE WHEN command IS NOT NULL THEN program || coalesce(' ' || program_arg, '') END,
+                {_coalesce_keys(kinds.TARGET_KEYS)}, tool_name) AS target,
+       CASE WHEN kind = 'shell' THEN {_first_match('command_line', kinds.CHECK_COMMANDS)} END AS check_kind,
+       count(*) OVER (PARTITION BY session_id, call_id) > 1 AS parallel
+FROM kinded
+"""
+
+TOOL_RESULTS = f"""
+WITH r AS (
+  SELECT session_id, tool_call_id, is_error,
+         coalesce(text, array_to_string(json_extract_string(part, '$.content[*].text'), chr(10)), '') AS content
+  FROM messages WHERE part_type = 'tool_result'),
+g AS (
+  SELECT session_id, tool_call_id, bool_or(coalesce(is_error, false)) AS is_error, first(content) AS content,
+         max(try_cast(nullif(regexp_extract(content, {_lit(kinds.EXIT_CODE)}, 1), '') AS INTEGER)) AS exit_code,
+         bool_or(regexp_matches(content, {_lit(kinds.ERROR_TEXT)})) AS error_text
+  FROM r GROUP BY session_id, tool_call_id)
+SELECT *, is_error OR coalesce(exit_code, 0) <> 0 OR error_text AS failed FROM g
+"""
+
+RECOVERIES = """
+WITH a AS (
+  SELECT tc.session_id, tc.kind, tc.target, tc.step, tc.turn, tr.failed
+  FROM tool_calls tc JOIN tool_results tr USING (session_id, tool_call_id)),
+b AS (
+  SELECT *, lag(failed) OVER (PARTITION BY session_id, kind, target ORDER BY step) AS prev_failed FROM a),
+c AS (
+  SELECT *, sum(CASE WHEN failed AND NOT coalesce(prev_failed, false) THEN 1 ELSE 0 END)
+            OVER (PARTITION BY session_id, kind, target ORDER BY step ROWS UNBOUNDED PRECEDING) AS episode
+  FROM b)
+SELECT session_id, kind, target, episode,
+       count(*) FILTER (WHERE failed) AS failures,
+       min(turn) FILTER (WHERE failed) AS failed_turn,
+       min(turn) FILTER (WHERE NOT failed) AS recovered_turn,
+       min(turn) FILTER (WHERE NOT failed) IS NOT NULL AS recovered,
+       min(turn) FILTER (WHERE NOT failed) - min(turn) FILTER (WHERE failed) AS turns_to_recover
+FROM c WHERE episode > 0
+GROUP BY session_id, kind, target, episode
+"""
+
+VERIFICATION = """
+WITH w AS (
+  SELECT session_id, count(*) AS writes, max(step) AS last_write_step, arg_max(turn, step) AS last_write_turn,
+         list(DISTINCT path) FILTER (WHERE path IS NOT NULL) AS written
+  FROM tool_calls WHERE kind = 'write' GROUP BY session_id),
+ck AS (
+  SELECT tc.session_id, tc.step, tc.turn, coalesce(tc.check_kind, 'reread') AS check_kind
+  FROM tool_calls tc JOIN w USING (session_id)
+  WHERE tc.step > w.last_write_step
+    AND (tc.check_kind IS NOT NULL OR (tc.kind = 'read' AND list_contains(w.written, tc.path))))
+SELECT w.session_id, any_value(w.writes) AS writes, any_value(w.last_write_turn) AS last_write_turn,
+       min(ck.turn) AS check_turn, arg_min(ck.check_kind, ck.step) AS check_kind,
+       min(ck.turn) IS NOT NULL AS verified, min(ck.turn) - any_value(w.last_write_turn) AS verify_latency_turns
+FROM w LEFT JOIN ck USING (session_id) GROUP BY w.session_id
+"""
+
+USER_TURNS = f"""
+WITH prompts AS (
+  SELECT DISTINCT session_id, {_coalesce_keys(kinds.SUBAGENT_PROMPT_KEYS, 'try(arguments::JSON)')} AS prompt
+  FROM tool_calls WHERE kind = 'subagent'),
+u AS (
+  SELECT session_id, call_id, part_hash, text FROM messages
+  WHERE role = 'user' AND part_type = 'text' AND direction = 'input' AND text IS NOT NULL)
+SELECT u.session_id, u.call_id, u.part_hash, u.text,
+       coalesce({_first_match('u.text', kinds.HARNESS_USER_TEXT)},
+                CASE WHEN p.prompt IS NOT NULL THEN 'subagent_prompt' END) AS harness_reason,
+       CASE WHEN harness_reason IS NULL THEN 'human' ELSE 'harness' END AS written_by
+FROM u LEFT JOIN (SELECT DISTINCT session_id, prompt FROM prompts WHERE prompt IS NOT NULL) p
+  ON p.session_id = u.session_id AND p.prompt = u.text
+"""
+
+SESSION_COSTS = """
+WITH per_model AS (
+  SELECT session_id, coalesce(model_returned, model_requested, '') AS model, count(*) AS calls,
+         coalesce(sum(input_tokens), 0) AS input_tokens, coalesce(sum(output_tokens), 0) AS output_tokens,
+         coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens,
+         coalesce(sum(cache_write_tokens), 0) AS cache_write_tokens,
+         coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens
+  FROM calls GROUP BY ALL),
+priced AS (
+  SELECT pm.*, p.prefix,
+         (pm.input_tokens * p.input + pm.output_tokens * p.output + pm.cache_read_tokens * p.cache_read
+          + pm.cache_write_tokens * p.cache_write) / 1e6 AS cost_usd,
+         row_number() OVER (PARTITION BY pm.session_id, pm.model ORDER BY length(p.prefix) DESC NULLS LAST) AS rn
+  FROM per_model pm LEFT JOIN prices p ON starts_with(pm.model, p.prefix))
+SELECT session_id, sum(calls) AS calls, sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+       sum(cache_read_tokens) AS cache_read_tokens, sum(cache_write_tokens) AS cache_write_tokens,
+       sum(reasoning_tokens) AS reasoning_tokens,
+       coalesce(sum(cost_usd), 0) AS cost_usd, coalesce(sum(calls) FILTER (WHERE prefix IS NULL), 0) AS unpriced_calls
+FROM priced WHERE rn = 1 GROUP BY session_id
+"""
+
+TOOL_COVERAGE = """
+WITH offered AS (
+  SELECT DISTINCT session_id, unnest(json_extract_string(tools, '$[*].name')) AS tool_name
+  FROM (SELECT DISTINCT session_id, tools FROM calls WHERE tools IS NOT NULL)),
+used AS (SELECT DISTINCT session_id, tool_name FROM tool_calls),
+j AS (
+  SELECT coalesce(o.session_id, u.session_id) AS session_id, o.tool_name IS NOT NULL AS is_offered,
+         u.tool_name IS NOT NULL AS is_used
+  FROM offered o FULL JOIN used u ON o.session_id = u.session_id AND o.tool_name = u.tool_name)
+SELECT session_id, count(*) FILTER (WHERE is_offered) AS tools_offered, count(*) FILTER (WHERE is_used) AS tools_used,
+       count(*) FILTER (WHERE is_offered AND is_used) AS tools_used_offered,
+       count(*) FILTER (WHERE is_offered AND is_used) / nullif(count(*) FILTER (WHERE is_offered), 0) AS tool_coverage
+FROM j GROUP BY session_id
+"""
+
+PLANS = f"""
+WITH snap AS (
+  SELECT session_id, arg_max({_snapshot_statuses()}, step) AS statuses
+  FROM (SELECT *, try(arguments::JSON) AS args FROM tool_calls WHERE tool_name IN ({_names(tuple(kinds.PLAN_SNAPSHOTS))}))
+  GROUP BY session_id),
+created AS (
+  SELECT session_id, CAST(row_number() OVER (PARTITION BY session_id ORDER BY step) AS VARCHAR) AS task_id
+  FROM tool_calls WHERE tool_name IN ({_names(kinds.PLAN_CREATE)})),
+updates AS (
+  SELECT session_id, json_extract_string(try(arguments::JSON), '$.taskId') AS task_id,
+         arg_max(json_extract_string(try(arguments::JSON), '$.status'), step)
+           FILTER (WHERE json_extract_string(try(arguments::JSON), '$.status') IS NOT NULL) AS status
+  FROM tool_calls WHERE tool_name IN ({_names(kinds.PLAN_UPDATE)}) GROUP BY ALL),
+tasks AS (
+  SELECT c.session_id, count(*) FILTER (WHERE coalesce(u.status, '') <> 'deleted') AS items,
+         count(*) FILTER (WHERE u.status = {_lit(kinds.PLAN_DONE)}) AS completed
+  FROM created c LEFT JOIN updates u ON u.session_id = c.session_id AND u.task_id = c.task_id
+  GROUP BY c.session_id),
+both_ AS (
+  SELECT session_id, len(statuses) AS items, len(list_filter(statuses, lambda s: s = {_lit(kinds.PLAN_DONE)})) AS completed
+  FROM snap
+  UNION ALL SELECT session_id, items, completed FROM tasks)
+SELECT session_id, sum(items) AS plan_items, sum(completed) AS plan_completed,
+       sum(completed) / nullif(sum(items), 0) AS plan_completion
+FROM both_ GROUP BY session_id
+"""
+
+SESSION_INFO = """
+WITH h AS (
+  SELECT session_id, any_value(harness) FILTER (WHERE harness <> 'unknown') AS harness FROM sessions GROUP BY 1),
+o AS (
+  SELECT session_id, any_value(task_id) AS task, any_value(harness) AS harness, any_value(model) AS model
+  FROM outcomes GROUP BY 1),
+m AS (SELECT session_id, mode(model) AS model FROM turns GROUP BY 1),
+ids AS (SELECT DISTINCT session_id FROM calls UNION SELECT session_id FROM outcomes)
+SELECT ids.session_id, coalesce(h.harness, o.harness, 'unknown') AS harness,
+       coalesce(m.model, o.model, 'unknown') AS model, coalesce(o.task, '(none)') AS task
+FROM ids LEFT JOIN h USING (session_id) LEFT JOIN o USING (session_id) LEFT JOIN m USING (session_id)
+"""
+
+SESSION_METRICS = """
+WITH t AS (
+  SELECT session_id, count(*) AS turns FROM turns GROUP BY 1),
+tc AS (
+  SELECT session_id, count(*) AS tool_calls, count(DISTINCT call_id) FILTER (WHERE parallel) AS parallel_turns,
+         count(*) FILTER (WHERE kind = 'subagent') AS subagent_calls, count(*) FILTER (WHERE kind = 'write') AS writes
+  FROM tool_calls GROUP BY 1),
+tr AS (SELECT session_id, count(*) FILTER (WHERE failed) AS failed_results FROM tool_results GROUP BY 1),
+ut AS (
+  SELECT session_id, count(*) FILTER (WHERE written_by = 'human') AS human_turns,
+         count(*) FILTER (WHERE written_by = 'harness') AS harness_turns
+  FROM user_turns GROUP BY 1),
+ce AS (
+  SELECT session_id, count(*) FILTER (WHERE error IS NOT NULL OR status >= 400) AS call_errors,
+         arg_max(error IS NOT NULL OR coalesce(status, 0) >= 400, (t_start, seq)) AS errored
+  FROM calls GROUP BY 1),
+rc AS (
+  SELECT session_id, count(*) AS failure_episodes, count(*) FILTER (WHERE recovered) AS recovered_episodes,
+         count(*) FILTER (WHERE NOT recovered) AS gave_up_episodes,
+         sum(turns_to_recover) AS turns_to_recover_total
+  FROM recoveries GROUP BY 1),
+oc AS (
+  SELECT session_id, any_value(status) AS outcome, any_value(reward) AS reward, any_value(passed) AS passed
+  FROM outcomes GROUP BY 1)
+SELECT si.session_id, si.harness, si.model, si.task,
+       coalesce(t.turns, 0) AS turns, coalesce(tc.tool_calls, 0) AS tool_calls,
+       coalesce(tc.parallel_turns, 0) AS parallel_turns, coalesce(tc.subagent_calls, 0) AS subagent_calls,
+       coalesce(ut.human_turns, 0) AS human_turns, coalesce(ut.harness_turns, 0) AS harness_turns,
+       coalesce(ce.call_errors, 0) AS call_errors, coalesce(ce.errored, false) AS errored,
+       coalesce(sc.calls, 0) AS calls, coalesce(sc.input_tokens, 0) AS input_tokens,
+       coalesce(sc.output_tokens, 0) AS output_tokens, coalesce(sc.cache_read_tokens, 0) AS cache_read_tokens,
+       coalesce(sc.cache_write_tokens, 0) AS cache_write_tokens, coalesce(sc.reasoning_tokens, 0) AS reasoning_tokens,
+       coalesce(sc.cost_usd, 0) AS cost_usd, coalesce(sc.unpriced_calls, 0) AS unpriced_calls,
+       coalesce(tc.writes, 0) AS writes, v.verified, v.verify_latency_turns, v.check_kind,
+       coalesce(tr.failed_results, 0) AS failed_results,
+       coalesce(rc.failure_episodes, 0) AS failure_episodes, coalesce(rc.recovered_episodes, 0) AS recovered_episodes,
+       coalesce(rc.gave_up_episodes, 0) AS gave_up_episodes, coalesce(rc.turns_to_recover_total, 0) AS turns_to_recover_total,
+       coalesce(cv.tools_offered, 0) AS tools_offered, coalesce(cv.tools_used, 0) AS tools_used,
+       cv.tool_coverage,
+       coalesce(p.plan_items, 0) AS plan_items, coalesce(p.plan_completed, 0) AS plan_completed, p.plan_completion,
+       oc.outcome, oc.reward, oc.passed
+FROM session_info si
+LEFT JOIN t USING (session_id) LEFT JOIN tc USING (session_id) LEFT JOIN tr USING (session_id)
+LEFT JOIN ut USING (session_id) LEFT JOIN ce USING (session_id) LEFT JOIN rc USING (session_id)
+LEFT JOIN session_costs sc USING (session_id) LEFT JOIN verification v USING (session_id)
+LEFT JOIN tool_coverage cv USING (session_id) LEFT JOIN plans p USING (session_id) LEFT JOIN oc USING (session_id)
+"""
+
+TOOL_USAGE = """
+SELECT si.harness, tc.tool_name, tc.kind, count(*) AS calls, count(DISTINCT tc.session_id) AS sessions
+FROM tool_calls tc JOIN session_info si USING (session_id)
+GROUP BY ALL
+"""
+
+ATTEMPTS = """
+SELECT o.session_id, o.task_id AS task, coalesce(o.harness, si.harness, 'unknown') AS harness,
+       coalesce(o.model, si.model, 'unknown') AS model, o.attempt, o.status, o.reward, coalesce(o.passed, false) AS passed
+FROM outcomes o LEFT JOIN session_info si USING (session_id)
+WHERE o.status <> 'infra_error'
+"""
+
+PASS_K = """
+WITH r AS (
+  SELECT task, harness, model, count(*) AS n, count(*) FILTER (WHERE passed) AS c FROM attempts GROUP BY ALL)
+SELECT task, harness, model, n, c, k, pass_at_k(n, c, k) AS pass_at_k, pass_pow_k(n, c, k) AS pass_pow_k
+FROM (SELECT *, unnest(range(1, n + 1)) AS k FROM r)
+"""
+
+
+def _by_group(by: str) -> str:
+    """One row per value of `by`: every behaviour metric aggregated over that group's sessions."""
+    col = GROUPS[by]
+    return f"""
+WITH s AS (
+  SELECT {col} AS grp, count(*) AS sessions, sum(turns) AS turns, sum(tool_calls) AS tool_calls,
+         avg(CAST(verified AS DOUBLE)) FILTER (WHERE writes > 0) AS verification_rate,
+         avg(verify_latency_turns) AS verify_latency_turns,
+         sum(recovered_episodes) / nullif(sum(failure_episodes), 0) AS recovery_rate,
+         sum(gave_up_episodes) / nullif(sum(failure_episodes), 0) AS give_up_rate,
+         sum(turns_to_recover_total) / nullif(sum(recovered_episodes), 0) AS turns_to_recover,
+         avg(tool_coverage) AS tool_coverage,
+         sum(plan_completed) / nullif(sum(plan_items), 0) AS plan_completion,
+         sum(human_turns) AS human_turns, sum(harness_turns) AS harness_turns,
+         sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+         sum(cache_read_tokens) AS cache_read_tokens, sum(cache_write_tokens) AS cache_write_tokens,
+         sum(cost_usd) AS cost_usd
+  FROM session_metrics GROUP BY 1),
+p AS (SELECT {col} AS grp, avg(pass_at_k) AS pass_at_1 FROM pass_k WHERE k = 1 GROUP BY 1)
+SELECT s.grp AS {by}, s.* EXCLUDE (grp), p.pass_at_1 FROM s LEFT JOIN p USING (grp) ORDER BY 1
+"""
+
+
+def _pass_curve(by: str) -> str:
+    col = GROUPS[by]
+    return f"""
+SELECT {col} AS {by}, k, avg(pass_at_k) AS pass_at_k, avg(pass_pow_k) AS pass_pow_k, count(*) AS tasks
+FROM pass_k GROUP BY ALL ORDER BY 1, 2
+"""
+
+
+VIEWS: tuple[View, ...] = (
+    View("turns", "one row per model call that produced output, numbered per session (turn 1, 2, ...)", TURNS),
+    View("tool_calls", "every tool call a model made: turn, position, kind, file path, command, target, check kind",
+         TOOL_CALLS),
+    View("tool_results", "one row per tool call id that got a result: is_error, exit code, error text, failed",
+         TOOL_RESULTS),
+    View("recoveries", "failure episodes per intent (kind + target): failures, recovered, turns to recover",
+         RECOVERIES),
+    View("verification", "per session with writes: was the last write followed by a check, and how many turns later",
+         VERIFICATION),
+    View("user_turns", "user-role text parts, each marked human or harness-written (with the reason)", USER_TURNS),
+    View("session_costs", "tokens per session (cache reads and writes separate) and list-price cost in USD",
+         SESSION_COSTS),
+    View("tool_coverage", "tools offered, used and used/offered per session", TOOL_COVERAGE),
+    View("plans", "plan items and the share completed per session (TodoWrite, Task*, update_plan)", PLANS),
+    View("session_info", "harness, model and task of each session", SESSION_INFO),
+    View("session_metrics", "every behaviour metric, one row per session", SESSION_METRICS),
+    View("tool_usage", "calls per tool and kind, per harness", TOOL_USAGE),
+    View("attempts", "graded rollouts that count as attempts (infra_error excluded)", ATTEMPTS),
+    View("pass_k", "pass@k and pass^k per task, harness and model, for k = 1..attempts", PASS_K),
+    *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", _by_group(g)) for g in GROUPS),
+    *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over tasks, per {g} and k", _pass_curve(g)) for g in GROUPS),
+)
+
+# The views that several others read: `materialize` turns them into tables once for a report.
+SHARED = ("turns", "tool_calls", "tool_results", "session_info", "session_metrics")
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> None:
+    con.register("_tool_kinds", pa.table({"tool_name": list(kinds.TOOL_KINDS), "kind": list(kinds.TOOL_KINDS.values())}))
+    con.execute("CREATE VIEW tool_kinds AS SELECT * FROM _tool_kinds")
+    cols = list(zip(*kinds.PRICES))
+    con.register("_prices", pa.table({"prefix": list(cols[0]), "input": list(cols[1]), "output": list(cols[2]),
+                                      "cache_read": list(cols[3]), "cache_write": list(cols[4])}))
+    con.execute("CREATE VIEW prices AS SELECT * FROM _prices")
+
+
+def register(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Create the lookup tables, the pass@k functions and every view in `VIEWS` on `con`."""
+    _tables(con)
+    for name, fn in (("pass_at_k", pass_at_k), ("pass_pow_k", pass_pow_k)):
+        con.create_function(name, fn, ["BIGINT", "BIGINT", "BIGINT"], "DOUBLE", side_effects=False)
+    for view in VIEWS:
+        con.execute(f"CREATE VIEW {view.name} AS {view.sql}")
+    return con
+
+
+def materialize(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED) -> None:
+    """Compute the shared views once (as temp tables) so a report reading them many times stays fast."""
+    for name in names:
+        con.execute(f"CREATE TEMP TABLE _m_{name} AS SELECT * FROM {name}")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _m_{name}")
