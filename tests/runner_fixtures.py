@@ -9,12 +9,13 @@ trivial (some checks pass, some deliberately fail).
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from forgerl.recorder.scripted import Request, ToolCall, Turn, saw_tool_result
+from forgerl.recorder.scripted import Request, Script, ToolCall, Turn, saw_tool_result
 from forgerl.runners.harnesses import Harness, RunContext
 
 BENCH = Path("/work/shared/benchmarks/qwenclawbench")
@@ -33,6 +34,7 @@ SELECT ?reviewId ?reviewTitle ?reviewText ?reviewDate ?productName ?reviewerName
 }
 """
 SPARQL_SCORE = 14 / 15
+PERFECT_QUERY = SPARQL_QUERY.replace(" ?reviewerName WHERE", " WHERE").replace(" ; pr:reviewerName ?reviewerName", "")
 
 # task_00043 grades the assistant's text: this answer passes 3 of its 8 checks exactly
 # (title; genre/setting: literary + sci-fi + 2041; style: unreliable + dual timeline).
@@ -48,15 +50,28 @@ def shell_call(request: Request, command: str) -> ToolCall:
     return ToolCall("exec_command", {"cmd": command})
 
 
+def write_query(request: Request, query: str) -> Turn:
+    cmd = f"cat > query_output.sparql <<'EOF'\n{query}EOF"
+    return Turn(text="Writing the query.", tool_calls=[shell_call(request, cmd)])
+
+
 def task_script(request: Request) -> Turn:
     """Performs task_00067 (writes query_output.sparql) or task_00043 (answers in text), by its prompt."""
-    prompt = str(request.body)
-    if "SPARQL" in prompt:
-        if not saw_tool_result(request):
-            cmd = f"cat > query_output.sparql <<'EOF'\n{SPARQL_QUERY}EOF"
-            return Turn(text="Writing the query.", tool_calls=[shell_call(request, cmd)])
-        return Turn(text="Wrote query_output.sparql.")
+    if "SPARQL" in str(request.body):
+        return Turn(text="Wrote query_output.sparql.") if saw_tool_result(request) else write_query(request, SPARQL_QUERY)
     return Turn(text=NOVEL_ANSWER)
+
+
+def alternating_script() -> Script:
+    """Like `task_script`, but every other SPARQL rollout writes the perfect query (reward 1.0): 1 pass in 2."""
+    rollouts = itertools.count()
+
+    def script(request: Request) -> Turn:
+        if "SPARQL" in str(request.body) and not saw_tool_result(request):
+            return write_query(request, PERFECT_QUERY if next(rollouts) % 2 == 0 else SPARQL_QUERY)
+        return task_script(request)
+
+    return script
 
 
 @dataclass
