@@ -1,9 +1,119 @@
-"""`forge-analyze`: Measure harness behaviour over a recorded dataset with DuckDB."""
+"""`forge-analyze`: measure harness behaviour over a recorded dataset with DuckDB.
+
+    forge-analyze report DATASET [--by harness|model|task] [--out report.html]
+    forge-analyze sql DATASET "SELECT ..." [--format table|csv|json]
+    forge-analyze views
+
+Bad input (not a dataset, an unknown --by, a SQL error) is one line on
+stderr and exit status 2; nothing is written.
+"""
 
 from __future__ import annotations
 
-from forgerl.pending import pending_main
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import duckdb
+
+from forgerl.schema.store import DatasetError
+
+from . import connect
+from .report import build, table, to_html
+from .views import GROUPS, VIEWS
+
+
+class UsageError(ValueError):
+    """Bad command-line input; the message is shown as is."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge-analyze", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    report = sub.add_parser("report", help="behaviour metrics per group: a terminal table and an HTML report")
+    report.add_argument("dataset")
+    report.add_argument("--by", default="harness", help=f"group sessions by: {', '.join(GROUPS)} (default harness)")
+    report.add_argument("--out", help="write a self-contained HTML report with plots here")
+    report.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
+    sql = sub.add_parser("sql", help="run a query with every table and view registered")
+    sql.add_argument("dataset")
+    sql.add_argument("query")
+    sql.add_argument("--format", default="table", help="table (default), csv or json")
+    sub.add_parser("views", help="list the views and what each holds")
+    return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    if args.by not in GROUPS:
+        raise UsageError(f"unknown --by column {args.by!r}; choose one of: {', '.join(GROUPS)}")
+    out = Path(args.out) if args.out else None
+    if out and not out.parent.is_dir():
+        raise UsageError(f"--out {out}: no such directory {out.parent}")
+    report = build(connect(args.dataset, threads=args.threads), args.by)
+    page = to_html(report, f"forgerl behaviour report: {Path(args.dataset).resolve().name}") if out else None
+    print(table(report))
+    if out:
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(page)
+        os.replace(tmp, out)
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _sql(args: argparse.Namespace) -> int:
+    if args.format not in ("table", "csv", "json"):
+        raise UsageError(f"unknown --format {args.format!r}; choose table, csv or json")
+    con = connect(args.dataset)
+    cur = con.execute(args.query)
+    if cur.description is None:
+        return 0
+    names = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    print(format_rows(names, rows, args.format))
+    return 0
+
+
+def format_rows(names: list[str], rows: list[tuple], fmt: str) -> str:
+    """Rows as an aligned table, CSV or a JSON array of objects."""
+    if fmt == "json":
+        return json.dumps([dict(zip(names, r)) for r in rows], default=str, indent=2)
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    cells = [names, *([("" if v is None else str(v)) for v in r] for r in rows)]
+    widths = [min(60, max(len(c[i]) for c in cells)) for i in range(len(names))]
+    return "\n".join("  ".join(v[:60].ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells)
+
+
+def _views(args: argparse.Namespace) -> int:
+    width = max(len(v.name) for v in VIEWS)
+    print("\n".join(f"{v.name.ljust(width)}  {v.doc}" for v in VIEWS))
+    return 0
+
+
+COMMANDS = {"report": _report, "sql": _sql, "views": _views}
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pending_main("forge-analyze", "Measure harness behaviour over a recorded dataset with DuckDB", argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except duckdb.Error as e:
+        print(f"forge-analyze: SQL error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except (UsageError, DatasetError, ValueError, OSError) as e:
+        print(f"forge-analyze: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
