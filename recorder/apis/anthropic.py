@@ -29,6 +29,7 @@ from forgerl.recorder.apis.common import (BlockOf, Fragments, PartOf, StreamStat
                                           dict_list, dump_arguments, error_of, join_message, message_extra,
                                           params_without, parse_content, render_content, split_extra,
                                           split_message, take, tool_spec)
+from forgerl.recorder.policy_tokens import read_token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part, Usage
 
@@ -80,6 +81,7 @@ class AnthropicCodec:
         if isinstance(body.get("content"), list):
             parts, hints = parse_content(body["content"], _part_reader(exchange.blobs)) or ([], {})
             exchange.output.append(Message("assistant", tuple(parts), message_extra({}, hints)))
+        read_token_extension(body, exchange)
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:

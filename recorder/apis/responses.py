@@ -43,6 +43,7 @@ from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, Str
                                           dict_list, dump_arguments, error_of, image_part, image_url, join_message,
                                           message_extra, openai_usage, params_without, split_extra, split_message,
                                           take, tool_spec)
+from forgerl.recorder.policy_tokens import read_token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part
 
@@ -114,6 +115,7 @@ class ResponsesCodec:
         reason = details.get("reason") if isinstance(details, dict) else None
         exchange.stop_reason = reason or body.get("status")
         exchange.output = _read_items(dict_list(body.get("output")) or [], exchange.blobs)
+        read_token_extension(body, exchange)
 
 
 def _text_message(role: str, text: str, hint: str) -> Message:

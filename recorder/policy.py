@@ -1,0 +1,128 @@
+"""Policies the serve-mode gateway asks for completions, token ids in and out.
+
+A policy takes the prompt as token ids (the gateway renders the chat
+template, so the ids are exactly what the model conditions on) and returns
+the generated ids with their logprobs. Three implementations:
+
+- `HTTPPolicy`: an OpenAI-compatible server speaking vLLM's protocol:
+  `POST /v1/completions` with `prompt` = token ids, `return_token_ids: true`
+  and `logprobs: 1`; the ids come back in `choices[0].token_ids`, the
+  sampled tokens' logprobs in `choices[0].logprobs.token_logprobs`.
+- `ScriptedPolicy`: emits chosen texts as token sequences (logprob 0: a
+  deterministic policy), so tests can make a real harness run real tools.
+- veRL's rollout servers, through `forgerl.trainer.agent_loop` (Ray calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+
+@dataclass
+class Sampling:
+    """What the gateway asks for; the trainer's settings, not the harness's, decide sampling."""
+
+    max_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str  # "stop" (end of turn) | "length"
+
+
+class Policy(Protocol):
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation: ...
+
+
+class PolicyError(Exception):
+    """The policy server failed or answered something unusable: the harness gets a 502."""
+
+
+class HTTPPolicy:
+    """vLLM's OpenAI server (or anything speaking its token-in/token-out subset)."""
+
+    def __init__(self, url: str, served_model: str, timeout_s: float = 600):
+        self.url = url.rstrip("/")
+        self.served_model = served_model
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        body = {"model": self.served_model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 1,
+                "return_token_ids": True, "stream": False, **sampling.extra}
+        try:
+            async with self._session.post(f"{self.url}/v1/completions", json=body) as response:
+                data = await response.json(content_type=None)
+                if response.status != 200:
+                    raise PolicyError(f"policy server answered {response.status}: {str(data)[:300]}")
+        except (aiohttp.ClientError, ValueError) as e:
+            raise PolicyError(f"policy server {self.url}: {e}") from e
+        return _generation(data)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _generation(data: Any) -> Generation:
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise PolicyError("policy answer has no choices")
+    choice = choices[0]
+    ids = choice.get("token_ids")
+    if not isinstance(ids, list):
+        raise PolicyError("policy answer has no token_ids: serve it with vLLM (return_token_ids) or a compatible server")
+    logprobs = choice.get("logprobs")
+    values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+    if values is not None and len(values) != len(ids):
+        raise PolicyError(f"policy sent {len(values)} logprobs for {len(ids)} tokens")
+    finish = "length" if choice.get("finish_reason") == "length" else "stop"
+    return Generation(token_ids=list(ids), logprobs=None if values is None else [float(v) for v in values],
+                      finish_reason=finish)
+
+
+Script = Callable[[str], str]
+"""A scripted policy's turn: the rendered prompt text in, the turn's text (no end token) out."""
+
+
+class ScriptedPolicy:
+    """Says what `script` returns, tokenised, followed by the end-of-turn token."""
+
+    def __init__(self, tokenizer: Any, script: Script):
+        self.tokenizer = tokenizer
+        self.script = script
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        text = self.script(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) >= sampling.max_tokens:
+            ids = ids[:sampling.max_tokens]
+            return Generation(ids, [0.0] * len(ids), "length")
+        ids.append(self.eos_id)
+        return Generation(ids, [0.0] * len(ids), "stop")
+
+
+def turns(*texts: str) -> Script:
+    """A script that says `texts` in order, one per call, then repeats the last."""
+    said = [0]
+
+    def script(prompt: str) -> str:
+        text = texts[min(said[0], len(texts) - 1)]
+        said[0] += 1
+        return text
+
+    return script
