@@ -133,3 +133,155 @@ def grade(transcript, workspace_path):
 """
 ''')
     return path
+
+
+# --- Kubernetes: the kmock API emulator over real HTTP, and a kubelet that runs pods as local processes ----------
+
+
+class KubeAPI:
+    """kmock's KubernetesEmulator served on a loopback port, on its own thread and event loop."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.km = None
+        self.logs: dict[str, str] = {}  # pod name -> its log, served at pods/<name>/log
+
+    def start(self) -> KubeAPI:
+        import threading
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        return self
+
+    def _serve(self, ready) -> None:
+        import asyncio
+        import kmock
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            async with kmock.KubernetesEmulator() as km, kmock.Server(km) as server:
+                self.km, self.url = km, str(server.url).rstrip("/")
+                km.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True,
+                                                             subresources={"status", "log"})
+                km["get", kmock.resource("v1/pods"), kmock.subresource("log")] << (
+                    lambda request: self.logs.get(request.name, ""))
+                ready.set()
+                await self._stop.wait()
+
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(main())
+
+    def refuse_pod_creation(self, times: int | None, status: int = 503) -> None:
+        import kmock
+        view = self.km["post", kmock.resource("v1/pods")]
+        (view if times is None else view[:times]) << status
+
+    def pods(self) -> list[dict]:
+        """Every pod ever created: [{'name', 'deleted', 'manifest'}]."""
+        return [{"name": name, "deleted": obj.deleted, "manifest": obj.last.raw if obj.deleted else obj.raw}
+                for (_, _, name), obj in list(self.km.objects.items())]
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+class FakeKubelet:
+    """The node: watches pods over the API, runs each pod's container command here, patches its status.
+
+    The image picks a behaviour: `...:pending` is never scheduled, `...:missing` cannot be pulled
+    (ImagePullBackOff), `...:crash` runs a command that dies without a result; anything else runs the
+    pod's real command (python3 -m forgerl.runners.pod) with the pod's env. activeDeadlineSeconds and
+    deletion kill the process, like a kubelet would.
+    """
+
+    def __init__(self, api_url: str, namespace: str, workdir: Path) -> None:
+        from kubernetes import client
+        cfg = client.Configuration()
+        cfg.host = api_url
+        self.core = client.CoreV1Api(client.ApiClient(cfg))
+        self.namespace, self.workdir = namespace, workdir
+        self.procs: dict[str, object] = {}
+        self.api: KubeAPI | None = None
+        self._stopped = False
+
+    def start(self, api: KubeAPI) -> FakeKubelet:
+        import threading
+        self.api = api
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        import threading
+        from kubernetes import watch
+        seen: set[str] = set()
+        while not self._stopped:
+            try:
+                for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace, _request_timeout=2):
+                    name = event["object"].metadata.name
+                    if event["type"] == "DELETED":
+                        proc = self.procs.get(name)
+                        if proc is not None and proc.poll() is None:
+                            proc.kill()
+                    elif name not in seen:
+                        seen.add(name)
+                        pod = self.core.api_client.sanitize_for_serialization(event["object"])
+                        threading.Thread(target=self._run, args=(pod,), daemon=True).start()
+            except Exception:  # read timeouts between events; the API going away at the end
+                continue
+
+    def _status(self, name: str, phase: str, state: dict, reason: str | None = None) -> None:
+        status = {"phase": phase, "containerStatuses": [{"name": "rollout", "image": "", "imageID": "", "ready": False,
+                                                         "restartCount": 0, "state": state}]}
+        if reason:
+            status["reason"] = reason
+        try:
+            self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+        except Exception:
+            pass  # deleted meanwhile
+
+    def _run(self, pod: dict) -> None:
+        import subprocess
+        name, spec = pod["metadata"]["name"], pod["spec"]
+        container = spec["containers"][0]
+        image = container["image"]
+        if image.endswith(":pending"):
+            return
+        if image.endswith(":missing"):
+            self._status(name, "Pending", {"waiting": {"reason": "ImagePullBackOff", "message": f"pull {image}"}})
+            return
+        base = self.workdir / name
+        base.mkdir(parents=True)
+        result = base / "termination-log"
+        env = {k: os.environ[k] for k in ("PATH", "LANG", "HOME") if k in os.environ}
+        env |= {e["name"]: e.get("value", "") for e in container.get("env", [])}
+        env |= {"FORGE_RESULT_PATH": str(result), "FORGE_WORKDIR": str(base / "work")}
+        cmd = [sys.executable if c == "python3" else c for c in container["command"]]
+        if image.endswith(":crash"):
+            cmd = [sys.executable, "-c", "import sys; print('segfault in the image'); sys.exit(139)"]
+        self._status(name, "Running", {"running": {"startedAt": "2026-12-03T00:00:00Z"}})
+        with open(base / "log", "wb") as log:
+            proc = self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                       start_new_session=True)
+            try:
+                code = proc.wait(timeout=spec.get("activeDeadlineSeconds"))
+                reason = None
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code, reason = proc.wait(), "DeadlineExceeded"
+        logs = (base / "log").read_text(errors="replace")
+        self.api.logs[name] = logs
+        message = result.read_text() if result.exists() else None
+        if message is None and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = logs[-2048:]
+        terminated = {"exitCode": code if code >= 0 else 128 - code, "reason": "Completed" if code == 0 else "Error"}
+        if message:
+            terminated["message"] = message
+        self._status(name, "Succeeded" if code == 0 else "Failed", {"terminated": terminated}, reason)
+
+    def stop(self) -> None:
+        self._stopped = True
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()

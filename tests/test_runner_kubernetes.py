@@ -1,0 +1,154 @@
+"""KubernetesRunner against kmock's API emulator over real HTTP (the official client, never patched).
+
+A fake kubelet (tests/runner_fixtures.py) watches pods through the same API
+and runs each pod's real entry point (`python -m forgerl.runners.pod`) as a
+local process, so the pods really run the harness and grade() in the pod.
+Covered: create/watch/delete, grading identical to the local runner, a pod
+that fails without a result, an image that cannot be pulled, a pod that never
+finishes, an agent timeout inside a healthy pod, and the API server refusing
+requests or being unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig, free_port
+from forgerl.runners.harnesses import get_harness
+from forgerl.runners.kubernetes import KubernetesRunner, api_client, load_template
+from forgerl.runners.rollout import Rollout
+from forgerl.runners.tasks import find_task
+from forgerl.schema.store import DatasetWriter, read_table
+
+from runner_fixtures import (BENCH, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, FakeKubelet, KubeAPI,
+                             task_script)
+
+NS = "forgerl"
+FORGE_RUN = str(Path(sys.executable).with_name("forge-run"))
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    api = KubeAPI().start()
+    kubelet = FakeKubelet(api.url, NS, tmp_path / "node").start(api)
+    yield api
+    kubelet.stop()
+    api.stop()
+
+
+@pytest.fixture
+def recorded(scripted, tmp_path):
+    up = scripted(task_script)
+    with BackgroundRecorder(RecorderConfig(out=tmp_path / "data", upstream_anthropic=up.url,
+                                           upstream_openai=up.url)) as rec:
+        yield rec
+
+
+def runner(api_url: str, rec, tmp_path, image: str = "forgerl/rollout:test", **kw) -> KubernetesRunner:
+    return KubernetesRunner(get_harness(kw.pop("harness", "claude-code")), rec.config.url, api_client(api_url),
+                            namespace=NS, image=image, pod_tasks=str(BENCH), pod_dataset=str(tmp_path / "data"), **kw)
+
+
+def run_one(r: KubernetesRunner, tmp_path, task_id: str = NOVEL_TASK):
+    with DatasetWriter(tmp_path / "data", source="runner") as writer:
+        [outcome] = r.run([Rollout(find_task(BENCH, task_id), 0)], writer)
+    return outcome
+
+
+@pytest.mark.slow
+def test_forge_run_on_kubernetes_grades_in_pods_like_the_local_runner(cluster, scripted, tmp_path):
+    up = scripted(task_script)
+    out = tmp_path / "data"
+    r = subprocess.run([FORGE_RUN, str(BENCH), "--task", SPARQL_TASK, "--task", NOVEL_TASK, "--harness", "claude-code",
+                        "--upstream", up.url, "--out", str(out), "--parallel", "2", "--runner", "kubernetes",
+                        "--kube-api", cluster.url, "--namespace", NS, "--image", "forgerl/rollout:test",
+                        "--pod-tasks", str(BENCH), "--pod-dataset", str(out)],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {x["task_id"]: x for x in read_table(out, "outcomes").to_pylist()}
+    assert rows[SPARQL_TASK]["reward"] == pytest.approx(SPARQL_SCORE)  # the same rewards the local runner gets
+    assert rows[NOVEL_TASK]["reward"] == pytest.approx(NOVEL_SCORE)
+    assert {x["runner"] for x in rows.values()} == {"kubernetes"} and {x["status"] for x in rows.values()} == {"failed"}
+    assert "FORGE_RESULT" in json.loads(rows[NOVEL_TASK]["extra"])["pod_log_tail"]
+
+    pods = cluster.pods()
+    assert len(pods) == 2 and all(p["deleted"] for p in pods), "every rollout pod is deleted"
+    manifest = next(p["manifest"] for p in pods if p["manifest"]["metadata"]["labels"]["forgerl.dev/session"]
+                    == rows[SPARQL_TASK]["session_id"])
+    labels = manifest["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "forgerl-rollout" and labels["forgerl.dev/task"] == SPARQL_TASK[:63]
+    spec = manifest["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] == 1800 + 300
+    container = spec["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FORGE_SESSION_ID"] == rows[SPARQL_TASK]["session_id"] and env["FORGE_TASK_ID"] == SPARQL_TASK
+    assert env["FORGE_RECORDER_URL"].startswith("http://127.0.0.1:") and env["FORGE_HARNESS"] == "claude-code"
+    assert container["resources"]["limits"]["memory"] == "4096Mi" and container["image"] == "forgerl/rollout:test"
+    calls = read_table(out, "calls", ["session_id"]).column("session_id").to_pylist()
+    assert rows[SPARQL_TASK]["session_id"] in calls
+
+
+def test_failing_pod_is_retried_then_infra_error_never_scored(cluster, recorded, tmp_path):
+    outcome = run_one(runner(cluster.url, recorded, tmp_path, image="forgerl/rollout:crash", retries=1), tmp_path)
+    assert outcome.status == "infra_error" and outcome.extra["tries"] == 2
+    assert "pod Failed without a result" in outcome.error and "exit code 139" in outcome.error
+    row = outcome.row()
+    assert row["reward"] is None and row["scores"] is None
+    pods = cluster.pods()
+    assert len(pods) == 2 and all(p["deleted"] for p in pods)
+
+
+def test_image_that_cannot_be_pulled_fails_fast(cluster, recorded, tmp_path):
+    outcome = run_one(runner(cluster.url, recorded, tmp_path, image="forgerl/rollout:missing", retries=0), tmp_path)
+    assert outcome.status == "infra_error" and "ImagePullBackOff" in outcome.error
+    assert all(p["deleted"] for p in cluster.pods())
+
+
+def test_pod_that_never_finishes_hits_its_deadline(cluster, recorded, tmp_path):
+    r = runner(cluster.url, recorded, tmp_path, image="forgerl/rollout:pending", retries=1, timeout_s=1,
+               deadline_grace_s=1)
+    outcome = run_one(r, tmp_path)
+    assert outcome.status == "infra_error" and outcome.error.count("did not finish within 2 s") == 2
+    assert len(cluster.pods()) == 2 and all(p["deleted"] for p in cluster.pods())
+
+
+@pytest.mark.slow
+def test_agent_timeout_inside_the_pod_is_an_outcome(cluster, recorded, tmp_path):
+    outcome = run_one(runner(cluster.url, recorded, tmp_path, timeout_s=0.5, retries=0), tmp_path, SPARQL_TASK)
+    assert outcome.status == "timeout" and outcome.row()["reward"] == 0.0  # graded: no query file was written
+    assert json.loads(outcome.row()["scores"])["file_created"] == 0.0
+    assert all(p["deleted"] for p in cluster.pods())
+
+
+def test_api_server_refusing_pod_creation(cluster, recorded, tmp_path):
+    cluster.refuse_pod_creation(times=None, status=503)
+    outcome = run_one(runner(cluster.url, recorded, tmp_path, retries=2), tmp_path)
+    assert outcome.status == "infra_error" and outcome.extra["tries"] == 3
+    assert outcome.error.count("HTTP 503") == 3
+    assert all(p["deleted"] for p in cluster.pods()), "a refused create that left a pod behind is cleaned up"
+
+
+@pytest.mark.slow
+def test_api_server_refusing_once_then_recovering(cluster, recorded, tmp_path):
+    cluster.refuse_pod_creation(times=1, status=429)
+    outcome = run_one(runner(cluster.url, recorded, tmp_path, retries=2), tmp_path)
+    assert outcome.status == "failed" and outcome.row()["reward"] == pytest.approx(NOVEL_SCORE)
+    assert all(p["deleted"] for p in cluster.pods())
+
+
+def test_api_server_unreachable(recorded, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    outcome = run_one(runner(dead, recorded, tmp_path, retries=1), tmp_path)
+    assert outcome.status == "infra_error" and outcome.error.count("creating pod") == 2
+    assert "MaxRetryError" in outcome.error or "Connection refused" in outcome.error
+
+
+def test_pod_template_is_a_valid_pod():
+    template = load_template()
+    assert template["spec"]["containers"][0]["command"] == ["python3", "-m", "forgerl.runners.pod"]
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "forgerl-rollout"
