@@ -1,6 +1,7 @@
 """`forge-record`: capture what a harness says to its model.
 
     forge-record serve --upstream URL [--listen 127.0.0.1:PORT] [--out DIR]
+    forge-record serve --policy URL --tokenizer DIR --served-model NAME [--out DIR]
     forge-record run --out DIR [--upstream-anthropic URL] [--upstream-openai URL] -- CMD...
     forge-record ls DIR
     forge-record show DIR SESSION
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +25,7 @@ from forgerl.schema.store import DatasetError, compact, delete_session, read_man
 
 from . import summary
 from .harness import codex_overrides, harness_env
+from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
 from .proxy import ANTHROPIC_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
 
 
@@ -62,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "change their base URL; trust ~/.mitmproxy/mitmproxy-ca-cert.pem")
     serve.add_argument("--upstream-ca", default="", metavar="PEM",
                        help="also trust this CA bundle for upstream TLS (self-signed or corporate origins)")
+    policy = serve.add_argument_group("serve mode: answer from a policy (vLLM) instead of forwarding")
+    policy.add_argument("--policy", metavar="URL",
+                        help="OpenAI-compatible policy server speaking vLLM's protocol (token ids to /v1/completions "
+                        "with return_token_ids), or script:FILE (a JSON list of turn texts, said in order)")
+    policy.add_argument("--tokenizer", metavar="DIR", help="the policy's tokenizer directory (chat template)")
+    policy.add_argument("--served-model", metavar="NAME", help="the model name the policy server serves")
+    policy.add_argument("--max-tokens", type=int, default=1024, help="cap on tokens per turn (default 1024)")
+    policy.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    policy.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0)")
     serve.add_argument("--session", default="default",
                        help="session id for calls with no /s/<id>/ prefix or X-Forge-Session header")
     _common(serve)
@@ -91,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.policy or args.tokenizer or args.served_model:
+        return cmd_serve_policy(args)
     anthropic = args.upstream_anthropic or args.upstream or ANTHROPIC_API
     openai = args.upstream_openai or args.upstream or OPENAI_API
     host, port = args.listen
@@ -101,6 +115,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
     target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, openai -> {openai}"
     serve_forever(config, on_ready=lambda: print(
         f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True))
+    return 0
+
+
+def _policy(args: argparse.Namespace, tokenizer: object) -> Policy:
+    if args.policy.startswith("script:"):
+        path = Path(args.policy[len("script:"):])
+        texts = json.loads(path.read_text())
+        if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
+            raise UsageError(f"--policy script:{path}: expected a JSON list of turn texts")
+        return ScriptedPolicy(tokenizer, turns(*texts))
+    if not args.policy.startswith(("http://", "https://")):
+        raise UsageError(f"--policy: expected http(s)://HOST:PORT or script:FILE, got {args.policy!r}")
+    return HTTPPolicy(args.policy, args.served_model)
+
+
+def cmd_serve_policy(args: argparse.Namespace) -> int:
+    """The recorder in front of a policy gateway: the harness is answered by the policy, recorded as usual."""
+    if not (args.policy and args.tokenizer and args.served_model):
+        raise UsageError("serve mode needs --policy, --tokenizer and --served-model together")
+    if args.upstream or args.upstream_anthropic or args.upstream_openai or args.forward:
+        raise UsageError("--policy answers every call itself: drop --upstream*/--forward")
+    if args.max_tokens < 1:
+        raise UsageError("--max-tokens must be at least 1")
+    from .serve import GatewayThread, PolicyGateway, load_tokenizer  # transformers: only serve mode pays for it
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    version = args.policy_version or args.served_model
+    gateway = PolicyGateway(_policy(args, tokenizer), tokenizer, args.served_model, policy_version=version,
+                            sampling=Sampling(max_tokens=args.max_tokens, temperature=args.temperature,
+                                              top_p=args.top_p))
+    host, port = args.listen
+    with GatewayThread(gateway) as gateway_url:
+        config = RecorderConfig(out=Path(args.out), upstream_anthropic=gateway_url, upstream_openai=gateway_url,
+                                listen_host=host, listen_port=port, session=args.session,
+                                redact_rules=args.redact_rules, policy_version=version, labels=args.labels)
+        serve_forever(config, on_ready=lambda: print(
+            f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
+            f"policy version {version}); recording to {args.out}", flush=True))
     return 0
 
 

@@ -1,0 +1,292 @@
+"""Serve mode: answer the harness's own API from a policy, token-in / token-out.
+
+    harness ──▶ forge-record (mitmproxy + addon, records as usual)
+                    ──▶ PolicyGateway (aiohttp, loopback) ──▶ policy (vLLM /v1/completions, veRL servers)
+
+The recorder needs no special case: the gateway is its upstream. Per call the
+gateway parses the request with the recorder's own codec (Anthropic
+Messages, OpenAI Responses, Chat Completions), renders the conversation with
+the tokenizer's chat template (`forgerl.schema.chat`), asks the policy for a
+completion of exactly those token ids, parses the generated text into
+reasoning / text / tool calls (`forgerl.schema.toolcalls`), and answers in
+the harness's API, streaming when asked. The token ids, logprobs and policy
+version ride back in the answer (`policy_tokens`), so the recorded call holds
+them.
+
+Token continuity: harnesses resend the whole history each call. When a
+request's messages continue an earlier answer (its input + its output +
+new tool results or user turns), the prompt is that earlier call's prompt ids
++ the ids the model generated + only the newly rendered tail, so a rollout is
+one token sequence exactly as the model produced it (no re-tokenisation
+drift, no `<think>` stripped from history). Otherwise the whole conversation
+is rendered afresh (a new segment: compaction, subagents, edited history).
+
+Sampling (temperature, top_p) is the gateway's, set by whoever trains; a
+request's `max_tokens` is honoured up to the gateway's cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+
+from forgerl.schema.chat import chat_tools, to_chat_messages
+from forgerl.schema.messages import Exchange, canonical_json, sha256_hex
+from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, format_for_template, parse_generation
+
+from . import policy_answers as answers
+from .apis import ANTHROPIC, CHAT, RESPONSES, codec_for
+from .policy import Generation, Policy, PolicyError, Sampling
+
+log = logging.getLogger(__name__)
+
+_MAX_TOKEN_KEYS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    continued: bool  # built on an earlier answer's ids (False: rendered afresh, a new segment)
+
+
+class PromptBuilder:
+    """Chat messages to prompt ids, continuing earlier answers' token ids where the history allows."""
+
+    def __init__(self, tokenizer: Any, remember: int = 4096, chat_template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self.kwargs = dict(chat_template_kwargs or {})
+        self._known: OrderedDict[str, list[int]] = OrderedDict()
+        self._remember = remember
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=generation_prompt, **self.kwargs)
+
+    def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Prompt:
+        full = self.render(messages, tools, True)
+        for k in range(len(messages), 0, -1):
+            known = self._known.get(_key(messages[:k], tools))
+            if known is None:
+                continue
+            # The tail starts right after the end-of-turn token that closes message k-1 in the full
+            # render. Found by counting those tokens, not by comparing prefixes: templates render the
+            # last message differently (Qwen3 adds an empty <think> block to a final assistant turn).
+            turns = self.render(messages[:k], tools, False).count(self.tokenizer.eos_token)
+            end = _nth(full, self.tokenizer.eos_token, turns)
+            if end < 0:
+                break
+            return Prompt(known + self.tokenizer.encode(full[end:], add_special_tokens=False), True)
+        return Prompt(self.tokenizer.encode(full, add_special_tokens=False), False)
+
+    def remember(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 answer: list[dict[str, Any]], ids: list[int]) -> None:
+        """An answer that ended its turn: later requests that repeat it continue from `ids`."""
+        if not ids or ids[-1] != self.eos_id:
+            return
+        key = _key(messages + answer, tools)
+        self._known[key] = ids
+        self._known.move_to_end(key)
+        while len(self._known) > self._remember:
+            self._known.popitem(last=False)
+
+
+def _nth(text: str, token: str, n: int) -> int:
+    """The index just past the n-th occurrence of `token` in `text` (-1 if there are fewer)."""
+    at = 0
+    for _ in range(n):
+        found = text.find(token, at)
+        if found < 0:
+            return -1
+        at = found + len(token)
+    return at if n else -1
+
+
+def _key(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    return sha256_hex(canonical_json({"messages": messages, "tools": tools or []}))
+
+
+class PolicyGateway:
+    """An aiohttp app on loopback that answers Anthropic, Responses and Chat calls from a policy."""
+
+    def __init__(self, policy: Policy, tokenizer: Any, served_model: str, policy_version: str | None = None,
+                 sampling: Sampling | None = None, fmt: ToolCallFormat | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None):
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.served_model = served_model
+        self.policy_version = policy_version
+        self.sampling = sampling or Sampling()
+        self.fmt = fmt or format_for_template(getattr(tokenizer, "chat_template", None))
+        self.prompts = PromptBuilder(tokenizer, chat_template_kwargs=chat_template_kwargs)
+        self.calls = 0
+        self.new_segments = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # -- lifecycle ------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_get("/{tail:.*}", self._get)
+        app.router.add_post("/{tail:.*}", self._post)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
+        self.url = f"http://{host}:{bound[1]}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- handlers ---------------------------------------------------------------
+    async def _get(self, request: web.Request) -> web.Response:
+        if request.path.rstrip("/").endswith("/models"):
+            return web.json_response({"object": "list", "data": [
+                {"id": self.served_model, "object": "model", "owned_by": "forgerl"}]})
+        if request.path == "/":  # harnesses probe the base URL; the real APIs answer it too
+            return web.json_response({"served_model": self.served_model})
+        return _error(404, f"serve mode answers model calls only, not GET {request.path}")
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body is not a JSON object")
+        if request.path.rstrip("/").endswith("/messages/count_tokens"):
+            return await self._count_tokens(body)
+        codec = codec_for(request.path)
+        if codec not in (ANTHROPIC, RESPONSES, CHAT):
+            return _error(404, f"serve mode does not answer {request.path}")
+        exchange = codec.parse_request(body)
+        try:
+            answer, prompt = await self._answer(exchange, "toolu_" if codec is ANTHROPIC else "call_")
+        except PolicyError as e:
+            log.warning("policy failed: %s", e)
+            return _error(502, str(e))
+        stream = bool(body.get("stream"))
+        if codec is ANTHROPIC:
+            message_id = answers.new_id("msg_")
+            if not stream:
+                return web.json_response(answers.anthropic_body(answer, message_id))
+            return await _stream(request, answers.anthropic_events(answer, message_id))
+        if codec is RESPONSES:
+            response_id = answers.new_id("resp_")
+            if not stream:
+                return web.json_response(answers.responses_body(answer, response_id, 0, body))
+            return await _stream(request, answers.responses_events(answer, response_id, body))
+        completion_id = answers.new_id("chatcmpl-")
+        if not stream:
+            return web.json_response(answers.chat_body(answer, completion_id))
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return await _stream(request, answers.chat_events(answer, completion_id, include_usage))
+
+    async def _count_tokens(self, body: dict[str, Any]) -> web.Response:
+        exchange = ANTHROPIC.parse_request(body)
+        messages, tools = to_chat_messages(exchange.input), chat_tools(exchange.tools) or None
+        text = self.prompts.render(messages, tools, True)
+        return web.json_response({"input_tokens": len(self.tokenizer.encode(text, add_special_tokens=False))})
+
+    # -- the turn -------------------------------------------------------------------
+    async def _answer(self, exchange: Exchange, id_prefix: str) -> tuple[answers.Answer, Prompt]:
+        messages = to_chat_messages(exchange.input)
+        tools = chat_tools(exchange.tools) or None
+        prompt = await asyncio.to_thread(self.prompts.build, messages, tools)
+        generation = await self.policy.generate(prompt.ids, self._sampling(exchange.params))
+        self.calls += 1
+        self.new_segments += not prompt.continued
+        turn = self._parse(generation)
+        call_ids = [answers.new_id(id_prefix) for _ in turn.tool_calls]
+        answer = answers.Answer(turn=turn, call_ids=call_ids, model=exchange.model_requested or self.served_model,
+                                prompt_ids=prompt.ids, completion_ids=generation.token_ids,
+                                logprobs=generation.logprobs, finish_reason=generation.finish_reason,
+                                policy_version=self.policy_version)
+        said = to_chat_messages([turn.message(call_ids)])
+        self.prompts.remember(messages, tools, said, prompt.ids + generation.token_ids)
+        return answer, prompt
+
+    def _parse(self, generation: Generation) -> ParsedTurn:
+        ids = generation.token_ids
+        if ids and ids[-1] == self.prompts.eos_id:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return parse_generation(text, self.fmt)
+
+    def _sampling(self, params: dict[str, Any]) -> Sampling:
+        asked = next((params[key] for key in _MAX_TOKEN_KEYS if isinstance(params.get(key), int)), None)
+        if asked is None or asked >= self.sampling.max_tokens:
+            return self.sampling
+        return replace(self.sampling, max_tokens=max(1, asked))
+
+
+async def _stream(request: web.Request, events: Iterator[bytes]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for event in events:
+        await response.write(event)
+    await response.write_eof()
+    return response
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"type": "error", "error": {"type": "forge_serve_error", "message": message}},
+                             status=status)
+
+
+class GatewayThread:
+    """A gateway on its own thread and event loop, for callers that are not async (the CLI, tests)."""
+
+    def __init__(self, gateway: PolicyGateway, host: str = "127.0.0.1", port: int = 0):
+        self.gateway = gateway
+        self._where = (host, port)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="forgerl-gateway", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        return asyncio.run_coroutine_threadsafe(self.gateway.start(*self._where), self._loop).result(30)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.gateway.close(), self._loop).result(30)
+        closer = getattr(self.gateway.policy, "close", None)
+        if closer is not None:
+            asyncio.run_coroutine_threadsafe(closer(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def load_tokenizer(path: str) -> Any:
+    """The policy's tokenizer from a local directory (never a hub download), checked to be servable."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    if not os.path.isdir(path):
+        raise ValueError(f"--tokenizer: no such directory: {path}")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"--tokenizer {path}: the tokenizer has no chat template")
+    format_for_template(tokenizer.chat_template)
+    return tokenizer
