@@ -140,6 +140,9 @@ def pass_curves(report: Report) -> str:
                 label=f"{name} pass^k")
     if not groups:
         ax.text(0.5, 0.5, "no graded outcomes in this dataset", ha="center", va="center", transform=ax.transAxes)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("k (attempts)")
     ax.set_ylabel("mean over tasks")
     ax.set_ylim(-0.02, 1.05)
@@ -176,7 +179,7 @@ def tool_distribution(report: Report) -> str:
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
 th{background:#f3f3f3}figure{margin:1.5em 0}figcaption{font-size:13px;color:#555}
-.tools td:nth-child(2),.tools td:nth-child(3){text-align:left}"""
+.tools td:nth-child(2),.tools td:nth-child(3),.tools th:nth-child(2),.tools th:nth-child(3){text-align:left}"""
 
 
 def to_html(report: Report, title: str) -> str:
@@ -189,7 +192,7 @@ def to_html(report: Report, title: str) -> str:
                         f"<td>{esc(t['kind'])}</td><td>{t['calls']}</td></tr>" for t in report.tools)
     plots = [("metric-bars", metric_bars(report), "Rates per group (see analysis/README.md for definitions)."),
              ("pass-curves", pass_curves(report), "pass@k (solid) and pass^k (dashed), unbiased estimators, "
-                                                  "mean over tasks with at least k attempts; infra errors excluded."),
+                                                  "mean over the group's tasks, k up to their fewest attempts; infra errors excluded."),
              ("tool-kinds", tool_distribution(report), "Tool calls per kind (kinds.py maps tool names to kinds).")]
     figures = "".join(f'<figure id="{pid}" class="plot">{svg}<figcaption>{esc(cap)}</figcaption></figure>'
                       for pid, svg, cap in plots)

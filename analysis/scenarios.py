@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from forgerl.recorder.scripted import Request, ToolCall, Turn
@@ -164,6 +165,17 @@ def script(request: Request) -> Turn:
         ids = {m.get("call_id") for m in items if isinstance(m, dict) and m.get("type") == "function_call"}
         done = sum(1 for s in scenario.steps if any(c.id in ids for c in s.turn.tool_calls))
     return scenario.steps[min(done, len(scenario.steps) - 1)].turn
+
+
+def outcome(scenario: Scenario, session: str, task: str, attempt: int, reward: float | None,
+            status: str | None = None) -> dict[str, Any]:
+    """An `outcomes` row as a runner writes it: passed only at reward 1.0, no reward for infra errors."""
+    now = datetime.now(timezone.utc)
+    status = status or ("success" if reward == 1.0 else "failed")
+    return {"session_id": session, "task_id": task, "attempt": attempt,
+            "harness": "codex" if scenario.api == "responses" else "claude-code", "model": scenario.model,
+            "status": status, "reward": reward, "passed": None if reward is None else reward == 1.0,
+            "t_start": now, "t_end": now}
 
 
 # --- the harness side ------------------------------------------------------------------------

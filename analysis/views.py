@@ -337,10 +337,12 @@ SELECT s.grp AS {by}, s.* EXCLUDE (grp), p.pass_at_1 FROM s LEFT JOIN p USING (g
 
 
 def _pass_curve(by: str) -> str:
+    """k runs to the fewest attempts any of the group's tasks has, so every point averages the same tasks."""
     col = GROUPS[by]
     return f"""
+WITH g AS (SELECT *, min(n) OVER (PARTITION BY {col}) AS max_k FROM pass_k)
 SELECT {col} AS {by}, k, avg(pass_at_k) AS pass_at_k, avg(pass_pow_k) AS pass_pow_k, count(*) AS tasks
-FROM pass_k GROUP BY ALL ORDER BY 1, 2
+FROM g WHERE k <= max_k GROUP BY ALL ORDER BY 1, 2
 """
 
 
@@ -365,7 +367,7 @@ VIEWS: tuple[View, ...] = (
     View("attempts", "graded rollouts that count as attempts (infra_error excluded)", ATTEMPTS),
     View("pass_k", "pass@k and pass^k per task, harness and model, for k = 1..attempts", PASS_K),
     *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", _by_group(g)) for g in GROUPS),
-    *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over tasks, per {g} and k", _pass_curve(g)) for g in GROUPS),
+    *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts", _pass_curve(g)) for g in GROUPS),
 )
 
 # The views that several others read: `materialize` turns them into tables once for a report.

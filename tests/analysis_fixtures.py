@@ -8,7 +8,6 @@ output, in order, subagent calls included.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 from forgerl.analysis import scenarios
@@ -94,11 +93,6 @@ def record_fixtures(root: Path) -> None:
 
 
 def add_outcomes(root: Path, by_session: dict) -> None:
-    now = datetime.now(timezone.utc)
     with DatasetWriter(root, source="runner") as w:
         for session, task, attempt, status, reward in OUTCOMES:
-            s = by_session[session]
-            harness = "codex" if s.api == "responses" else "claude-code"
-            w.add_outcome({"session_id": session, "task_id": task, "attempt": attempt, "harness": harness,
-                           "model": s.model, "status": status, "reward": reward,
-                           "passed": reward == 1.0 if reward is not None else None, "t_start": now, "t_end": now})
+            w.add_outcome(scenarios.outcome(by_session[session], session, task, attempt, reward, status))
