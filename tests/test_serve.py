@@ -1,0 +1,136 @@
+"""Serve mode: tool-call parsing, prompt continuity, and `forge-record serve --policy` driven by the SDKs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import anthropic
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from forgerl.recorder.serve import PromptBuilder
+from forgerl.schema.chat import to_chat_messages
+from forgerl.schema.toolcalls import ToolCall, parse_generation
+
+from conftest import FORGE_RECORD, RecorderProcess, session_calls
+from serve_fixtures import EOS_ID, TOKENIZER_DIR
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+
+
+CALL_TURN = ('<think>\nList first.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "Bash", "arguments": '
+             '{"command": "ls -la", "description": "List"}}\n</tool_call>\n<tool_call>\n{"name": "Read", '
+             '"arguments": {"file_path": "/tmp/x"}}\n</tool_call>')
+
+
+def test_parse_reasoning_text_and_calls():
+    turn = parse_generation(CALL_TURN)
+    assert turn.reasoning == "List first." and turn.text == "Let me look."
+    assert turn.tool_calls == (ToolCall("Bash", {"command": "ls -la", "description": "List"}),
+                               ToolCall("Read", {"file_path": "/tmp/x"}))
+
+
+def test_parse_keeps_broken_calls_as_text():
+    turn = parse_generation('Hi <tool_call>\n{"name": oops}\n</tool_call>')
+    assert turn.tool_calls == () and turn.text == 'Hi <tool_call>\n{"name": oops}\n</tool_call>'
+    assert parse_generation("<think>\n\n</think>\n\nplain").reasoning == ""
+    assert parse_generation("no think\n").text == "no think" and parse_generation("x").reasoning is None
+
+
+def test_parsed_turn_renders_back_to_the_generated_text(tok):
+    """The template writes the parsed message as the model wrote it: history re-renders without drift."""
+    turn = parse_generation(CALL_TURN)
+    messages = [{"role": "user", "content": "go"}] + to_chat_messages([turn.message(["c1", "c2"])])
+    rendered = tok.apply_chat_template(messages, tokenize=False)
+    assert rendered.endswith("<|im_start|>assistant\n" + CALL_TURN + "<|im_end|>\n")
+
+
+def test_prompt_continues_the_generated_ids(tok):
+    builder = PromptBuilder(tok)
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    prompt = builder.build(first, None)
+    assert not prompt.continued
+    generated = tok.encode(CALL_TURN, add_special_tokens=False) + [EOS_ID]
+    said = to_chat_messages([parse_generation(CALL_TURN).message(["c1", "c2"])])
+    builder.remember(first, None, said, prompt.ids + generated)
+    history = first + said + [{"role": "tool", "content": "a b", "tool_call_id": "c1"},
+                              {"role": "tool", "content": "x", "tool_call_id": "c2"}]
+    nxt = builder.build(history, None)
+    assert nxt.continued and nxt.ids[:len(prompt.ids) + len(generated)] == prompt.ids + generated
+    assert tok.decode(nxt.ids) == tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+    edited = [first[0], {"role": "user", "content": "something else"}] + said
+    assert not builder.build(edited, None).continued
+
+
+TURNS = ["<think>\nEasy.\n</think>\n\nHello there, this is a longer answer so it streams in several chunks.",
+         CALL_TURN, "plain answer"]
+
+
+@pytest.fixture
+def served(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(TURNS))
+    proc = RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer", str(TOKENIZER_DIR),
+                           "--served-model", "tiny", "--policy-version", "v7").start()
+    yield proc
+    proc.stop()
+
+
+def recorded_turns(tmp_path, session, n, tok):
+    calls = [c for c in session_calls(tmp_path / "data", session, n) if c["completion_token_ids"]]
+    assert len(calls) == n
+    for call, text in zip(calls, TURNS):
+        ids = call["completion_token_ids"]
+        assert ids[-1] == EOS_ID and tok.decode(ids[:-1]) == text
+        assert len(call["completion_logprobs"]) == len(ids) and call["policy_version"] == "v7"
+        assert call["error"] is None and call["complete"]
+    return calls
+
+
+def test_anthropic_sdk_stream_and_body(served, tmp_path, tok):
+    client = anthropic.Anthropic(base_url=served.base("a"), api_key="sk-ant-api03-servetestservetest")
+    with client.messages.stream(model="claude-x", max_tokens=500, messages=[{"role": "user", "content": "hi"}]) as s:
+        message = s.get_final_message()
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[1].text == parse_generation(TURNS[0]).text and message.stop_reason == "end_turn"
+    message = client.messages.create(model="claude-x", max_tokens=500, messages=[{"role": "user", "content": "hi"}])
+    assert [b.type for b in message.content] == ["thinking", "text", "tool_use", "tool_use"]
+    assert message.content[2].input == {"command": "ls -la", "description": "List"}
+    assert message.stop_reason == "tool_use"
+    calls = recorded_turns(tmp_path, "a", 2, tok)
+    assert calls[0]["streamed"] and not calls[1]["streamed"]
+    assert calls[0]["prompt_token_ids"] == tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True))
+
+
+def test_responses_and_chat_sdks(served, tmp_path, tok):
+    client = openai.OpenAI(base_url=served.base("o") + "/v1", api_key="sk-proj-servetestservetestserve")
+    with client.responses.stream(model="gpt-x", input="hi") as s:
+        response = s.get_final_response()
+    assert response.output_text == parse_generation(TURNS[0]).text and response.status == "completed"
+    chunks = list(client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    calls_made = [c for chunk in chunks for choice in chunk.choices for c in (choice.delta.tool_calls or [])]
+    assert [c.function.name for c in calls_made] == ["Bash", "Read"]
+    done = client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}])
+    assert done.choices[0].message.content == "plain answer" and done.choices[0].finish_reason == "stop"
+    calls = recorded_turns(tmp_path, "o", 3, tok)
+    assert [c["api"] for c in calls] == ["responses", "chat", "chat"]
+
+
+def test_bad_serve_flags_are_one_line_exit_2(tmp_path):
+    for args, needle in [(["--policy", "http://127.0.0.1:9"], "needs --policy, --tokenizer and --served-model"),
+                         (["--policy", "http://127.0.0.1:9", "--tokenizer", str(tmp_path), "--served-model", "m",
+                           "--upstream", "http://127.0.0.1:9"], "drop --upstream"),
+                         (["--policy", "ftp://x", "--tokenizer", str(TOKENIZER_DIR), "--served-model", "m"],
+                          "expected http(s)"),
+                         (["--policy", "http://127.0.0.1:9", "--tokenizer", str(tmp_path / "nope"),
+                           "--served-model", "m"], "no such directory")]:
+        r = subprocess.run([FORGE_RECORD, "serve", *args, "--out", str(tmp_path / "d")], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
