@@ -18,11 +18,16 @@ from .store import data_files, read_manifest
 from .tables import TABLES
 
 
-def connect(root: str | os.PathLike, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per dataset table (`DatasetError` if not a dataset)."""
+def connect(root: str | os.PathLike, *, threads: int | None = None,
+            config: dict[str, object] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per dataset table (`DatasetError` if not a dataset).
+
+    `config` holds DuckDB settings (e.g. `memory_limit`, `preserve_insertion_order`) for callers
+    that stream; `threads` caps the worker threads.
+    """
     root = Path(root)
     read_manifest(root)
-    con = duckdb.connect(config={"threads": threads} if threads else {})
+    con = duckdb.connect(config={**(config or {}), **({"threads": threads} if threads else {})})
     for table, schema in TABLES.items():
         files = data_files(root, table)
         if files:
