@@ -1,9 +1,94 @@
-"""`forge-convert`: Turn a recorded dataset into veRL SFT, RL and token-level training shards."""
+"""`forge-convert`: turn a recorded dataset into veRL SFT, RL, token-level shards or ATIF trajectories."""
 
 from __future__ import annotations
 
-from forgerl.pending import pending_main
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from forgerl.schema.migrations import SchemaVersionError
+from forgerl.schema.store import DatasetError
+
+from .filters import Filters
+from .pipeline import TARGETS, Options, UsageError, convert
+from .tokens import TokenizerError
+
+EPILOG = """\
+modes:
+  thread    one sample per segment (a run of calls that extend each other's
+            conversation), loss on every assistant turn generated in it:
+            each model output is trained exactly once.
+  per-call  one sample per model call, loss only on that call's output
+            (--to tokens only: veRL's MultiTurnSFTDataset puts loss on every
+            assistant message of a row, so per-call rows would train each
+            turn again in every later call; verl-sft refuses it).
+
+outputs (under OUT, written aside and renamed into place at the end):
+  train/ val/        parquet shards (verl-sft, verl-rl, tokens) or one ATIF
+                     JSON per session (atif); split by hash of session id
+  manifest.json      input version, converter version, tokenizer hash,
+                     counts, and the drift report (template vs engine ids)
+  verl_config.yaml   data.* keys for veRL (verl-sft, verl-rl)
+"""
+
+
+def _date(value: str) -> datetime:
+    when = datetime.fromisoformat(value)
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="forge-convert", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", type=Path, help="dataset root written by forge-record")
+    p.add_argument("--to", required=True, help=f"output kind: {', '.join(TARGETS)}")
+    p.add_argument("--out", required=True, type=Path, help="output directory (replaced atomically)")
+    p.add_argument("--tokenizer", help="tokenizer path or name with a chat template (needed for tokens; "
+                                       "gives the drift report for verl-sft)")
+    p.add_argument("--mode", choices=("thread", "per-call"), default="thread", help="sample mode (see below)")
+    p.add_argument("--tokens-from", choices=("engine", "template"), default="engine",
+                   help="engine: recorded token ids verbatim where every call has them (default); "
+                        "template: always re-render (rows flagged retokenized)")
+    f = p.add_argument_group("filters")
+    f.add_argument("--harness", action="append", default=[], help="keep these harnesses (repeatable)")
+    f.add_argument("--model", action="append", default=[], help="keep samples of these models (repeatable)")
+    f.add_argument("--since", type=_date, help="sessions started at or after (ISO date/time, UTC default)")
+    f.add_argument("--until", type=_date, help="sessions started before")
+    f.add_argument("--min-reward", type=float, help="sessions whose outcome reward is at least this")
+    f.add_argument("--outcome", action="append", default=[], help="outcome status (success, failed, ...)")
+    f.add_argument("--error-free", action="store_true", help="only sessions whose calls all succeeded")
+    f.add_argument("--min-turns", type=int, help="samples with at least this many model calls")
+    f.add_argument("--max-turns", type=int, help="samples with at most this many model calls")
+    p.add_argument("--no-dedupe", action="store_true", help="keep identical samples")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="share of sessions in val/ (default 0.05)")
+    p.add_argument("--shard-mb", type=int, default=128, help="target shard size in MB (default 128)")
+    p.add_argument("--agent-name", default="forgerl_harness", help="agent_name of verl-rl rows")
+    p.add_argument("--max-length", type=int, default=32768, help="max_length in the veRL config snippet")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pending_main("forge-convert", "Turn a recorded dataset into veRL SFT, RL and token-level training shards", argv)
+    args = parser().parse_args(argv)
+    filters = Filters(models=frozenset(args.model), since=args.since, until=args.until, min_reward=args.min_reward,
+                      outcomes=frozenset(args.outcome), error_free=args.error_free, min_turns=args.min_turns,
+                      max_turns=args.max_turns)
+    opts = Options(target=args.to, mode=args.mode, tokenizer=args.tokenizer, harnesses=frozenset(args.harness),
+                   filters=filters, val_fraction=args.val_fraction, dedupe=not args.no_dedupe,
+                   tokens_from=args.tokens_from, shard_bytes=args.shard_mb * 1024 * 1024, agent_name=args.agent_name,
+                   max_length=args.max_length, progress=not args.no_progress)
+    try:
+        manifest = convert(args.dataset, args.out, opts)
+    except (DatasetError, SchemaVersionError, TokenizerError, UsageError) as e:
+        print(f"forge-convert: {e}", file=sys.stderr)
+        return 2
+    counts = manifest["counts"]
+    print(f"forge-convert: {counts.get('sessions', 0)} sessions, {counts.get('segments', 0)} segments, "
+          f"{counts.get('rows_train', 0)} train + {counts.get('rows_val', 0)} val rows -> {args.out}",
+          file=sys.stderr)
+    if manifest.get("drift"):
+        print("drift: " + json.dumps({k: v for k, v in manifest["drift"].items() if k != "examples"}),
+              file=sys.stderr)
+    return 0

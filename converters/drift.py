@@ -1,0 +1,120 @@
+"""The drift report: where the chat template disagrees with the tokens the engine used.
+
+Three checks, each counted with where the first difference sits:
+
+- `prompt_rerender`: a call's engine `prompt_token_ids` vs rendering its input
+  with the template (+ generation prompt): does the template reproduce what
+  the engine was fed?
+- `history_rerender`: for a call continuing a thread, the previous call's
+  prompt + completion (what the model really saw and wrote) vs the start of
+  the template's rendering of this call's input: what re-rendering history
+  loses (Qwen3 strips `<think>` before the last user turn, separators).
+- `verl_sanity`: template-rendered samples whose per-message rendering
+  (veRL's MultiTurnSFTDataset, what `tokens` writes) differs from rendering
+  the whole conversation at once ("engine" = whole, "rendered" = per message).
+
+Kinds: `stripped_think`, `tool_call_json_spacing`, `turn_separator`,
+`tokenization` (same text, other split), `other`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from forgerl.schema.chat import chat_tools, to_chat_messages
+
+from .source import Call
+from .tokens import Renderer, TokenSample
+
+_EXAMPLES = 20
+_WINDOW = 40
+_SPACE = re.compile(r"\s+")
+
+
+def _first_diff(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def classify(engine: str, rendered: str) -> tuple[str, int]:
+    """What kind of difference two renderings of one conversation have, and where (a character offset)."""
+    if engine == rendered:
+        return "tokenization", 0
+    at = _first_diff(engine, rendered)
+    near = engine[max(0, at - _WINDOW): at + _WINDOW] + "\x00" + rendered[max(0, at - _WINDOW): at + _WINDOW]
+    if "<think>" in near or "</think>" in near:
+        return "stripped_think", at
+    open_at, close_at = engine.rfind("<tool_call>", 0, at + 1), engine.rfind("</tool_call>", 0, at + 1)
+    if open_at > close_at:
+        e_end, r_end = engine.find("</tool_call>", at), rendered.find("</tool_call>", at)
+        if e_end > 0 and r_end > 0 and _SPACE.sub("", engine[open_at:e_end]) == _SPACE.sub("", rendered[open_at:r_end]):
+            return "tool_call_json_spacing", at
+    rest_e, rest_r = engine[at: at + 2], rendered[at: at + 2]
+    if "<|im" in near[_WINDOW - 5: _WINDOW + 12] or (rest_e[:1].isspace() or rest_r[:1].isspace()):
+        return "turn_separator", at
+    return "other", at
+
+
+class DriftReport:
+    def __init__(self, renderer: Renderer | None):
+        self.renderer = renderer
+        self.checks: dict[str, Counter] = {name: Counter() for name in
+                                           ("prompt_rerender", "history_rerender", "verl_sanity")}
+        self.where: dict[str, Counter] = {name: Counter() for name in self.checks}
+        self.thread_breaks = 0
+        self.examples: list[dict[str, Any]] = []
+
+    def _record(self, check: str, ref: str, engine_ids: list[int], rendered_ids: list[int]) -> None:
+        counts = self.checks[check]
+        counts["checked"] += 1
+        if engine_ids == rendered_ids:
+            return
+        counts["differ"] += 1
+        decode = self.renderer.tokenizer.decode
+        engine, rendered = decode(engine_ids), decode(rendered_ids)
+        kind, at = classify(engine, rendered)
+        self.where[check][kind] += 1
+        if len(self.examples) < _EXAMPLES:
+            self.examples.append({"check": check, "ref": ref, "kind": kind, "char": at,
+                                  "engine": engine[max(0, at - _WINDOW): at + _WINDOW],
+                                  "rendered": rendered[max(0, at - _WINDOW): at + _WINDOW]})
+
+    def check_calls(self, calls: list[Call], enable_thinking: bool) -> None:
+        """Prompt and history checks over one segment's calls (in order)."""
+        if self.renderer is None:
+            return
+        previous: Call | None = None
+        for call in calls:
+            prompt = call.row.get("prompt_token_ids")
+            if not prompt or not call.row.get("completion_token_ids"):
+                previous = None
+                continue
+            rendered = self.renderer.ids(to_chat_messages(call.input, arguments="json"),
+                                         chat_tools(call.tools) or None, True, enable_thinking)
+            self._record("prompt_rerender", call.row["call_id"], list(prompt), rendered)
+            if previous is not None:
+                seen = list(previous.row["prompt_token_ids"]) + list(previous.row["completion_token_ids"])
+                self._record("history_rerender", call.row["call_id"], seen, rendered[: len(seen)])
+            previous = call
+
+    def note_tokens(self, ts: TokenSample) -> None:
+        if ts.part > 0:
+            self.thread_breaks += 1
+        if ts.template_consistent is not None and self.renderer is not None:
+            self._record("verl_sanity", ts.sample.sample_id, ts.whole_ids or ts.input_ids, ts.input_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, counts in self.checks.items():
+            checked, differ = counts["checked"], counts["differ"]
+            out[name] = {"checked": checked, "differ": differ,
+                         "rate": round(differ / checked, 4) if checked else None, "where": dict(self.where[name])}
+        out["thread_breaks"] = self.thread_breaks
+        out["examples"] = self.examples
+        return out
+

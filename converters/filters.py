@@ -1,0 +1,46 @@
+"""Which sessions and samples a run keeps, and why the others were dropped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from .samples import Sample
+from .source import Session
+
+
+@dataclass
+class Filters:
+    models: frozenset[str] = frozenset()
+    since: datetime | None = None
+    until: datetime | None = None
+    min_reward: float | None = None
+    outcomes: frozenset[str] = frozenset()
+    error_free: bool = False
+    min_turns: int | None = None
+    max_turns: int | None = None
+
+    def session_reason(self, session: Session) -> str | None:
+        """Why a session is dropped, or None to keep it."""
+        started = session.started
+        if self.since and (started is None or started < self.since):
+            return "before --since"
+        if self.until and (started is None or started >= self.until):
+            return "after --until"
+        if self.min_reward is not None and (session.reward is None or session.reward < self.min_reward):
+            return "reward below --min-reward (or no outcome)"
+        if self.outcomes and (session.outcome or {}).get("status") not in self.outcomes:
+            return "outcome not in --outcome"
+        if self.error_free and not all(c.ok for c in session.calls):
+            return "has failed calls (--error-free)"
+        return None
+
+    def sample_reason(self, sample: Sample) -> str | None:
+        if self.models and sample.provenance()["model"] not in self.models:
+            return "model not in --model"
+        if self.min_turns is not None and sample.turns < self.min_turns:
+            return "fewer turns than --min-turns"
+        if self.max_turns is not None and sample.turns > self.max_turns:
+            return "more turns than --max-turns"
+        return None
+

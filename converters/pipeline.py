@@ -1,0 +1,234 @@
+"""One conversion run: sessions -> segments -> samples -> rows, with manifest and drift report."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from forgerl.schema.chat import image_refs
+from forgerl.schema.messages import canonical_json
+
+from . import atif as atif_out
+from . import verl
+from .drift import DriftReport
+from .filters import Filters
+from .samples import Mode, samples
+from .shards import Output, SeenSet, ShardWriter, split_of
+from .source import blob_bytes, check_dataset, iter_sessions
+from .threads import segment_session
+from .tokens import Renderer, load_tokenizer, tokenize, token_row, tokenizer_hash
+
+TARGETS = ("verl-sft", "verl-rl", "tokens", "atif")
+
+TOKEN_SCHEMA = pa.schema([
+    ("sample_id", pa.string()), ("session_id", pa.string()), ("segment_id", pa.string()),
+    ("segment_index", pa.int32()), ("segment_reason", pa.string()), ("parent_segment", pa.string()),
+    ("parent_position", pa.int32()), ("mode", pa.string()), ("harness", pa.string()), ("model", pa.string()),
+    ("api", pa.string()), ("policy_version", pa.string()), ("call_ids", pa.list_(pa.string())),
+    ("token_part", pa.int32()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+    ("response_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float32())), ("reward", pa.float64()),
+    ("retokenized", pa.bool_()), ("template_consistent", pa.bool_()), ("images", pa.list_(pa.string())),
+    ("num_tokens", pa.int32()), ("num_turns", pa.int32()),
+])
+
+
+class UsageError(ValueError):
+    """Options that do not fit together."""
+
+
+@dataclass
+class Options:
+    target: str
+    mode: Mode = "thread"
+    tokenizer: str | None = None
+    harnesses: frozenset[str] = frozenset()
+    filters: Filters = field(default_factory=Filters)
+    val_fraction: float = 0.05
+    dedupe: bool = True
+    tokens_from: str = "engine"
+    shard_bytes: int = 128 * 1024 * 1024
+    agent_name: str = "forgerl_harness"
+    max_length: int = 32768
+    progress: bool = True
+
+
+def check_options(opts: Options) -> None:
+    if opts.target not in TARGETS:
+        raise UsageError(f"unknown --to {opts.target!r}; choose from {', '.join(TARGETS)}")
+    if opts.target == "verl-sft" and opts.mode == "per-call":
+        raise UsageError("--to verl-sft --mode per-call would train each turn once per later call "
+                         "(veRL puts loss on every assistant message): use --mode thread, or --to tokens")
+    if opts.target == "tokens" and not opts.tokenizer:
+        raise UsageError("--to tokens needs --tokenizer")
+    if not 0 <= opts.val_fraction < 1:
+        raise UsageError("--val-fraction must be in [0, 1)")
+
+
+class _Writers:
+    def __init__(self, output: Output, target: str, shard_bytes: int):
+        self.output, self.target, self.shard_bytes = output, target, shard_bytes
+        self.writers: dict[tuple[str, str], ShardWriter] = {}
+
+    def add(self, split: str, row: dict[str, Any], prefix: str = "part") -> None:
+        key = (split, prefix)
+        if key not in self.writers:
+            schema = TOKEN_SCHEMA if self.target == "tokens" else None
+            self.writers[key] = ShardWriter(self.output.path(split), prefix, schema, self.shard_bytes)
+        self.writers[key].add(row)
+
+    def close(self) -> dict[str, list[str]]:
+        files: dict[str, list[str]] = {}
+        for (split, _), writer in sorted(self.writers.items()):
+            writer.flush()
+            files.setdefault(split, []).extend(str(p.relative_to(self.output.tmp)) for p in writer.files)
+        return files
+
+
+def _dedupe_key(target: str, row: dict[str, Any]) -> bytes:
+    if target == "tokens":
+        return canonical_json([row["input_ids"], row["loss_mask"]]).encode()
+    if target == "verl-sft":
+        return canonical_json([row["messages"], row["tools"]]).encode()
+    return canonical_json([row["prompt"], row["data_source"]]).encode()
+
+
+def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
+    """Run the conversion; everything appears at `out` at the end, or nothing."""
+    check_options(opts)
+    dataset_manifest = check_dataset(root)
+    tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
+    renderer = Renderer(tokenizer) if tokenizer is not None else None
+    output = Output(out)
+    try:
+        manifest = _run(root, output, opts, renderer, dataset_manifest)
+        output.write_json("manifest.json", manifest)
+        output.commit()
+        return manifest
+    except BaseException:
+        output.abort()
+        raise
+
+
+def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, dataset_manifest: dict) -> dict:
+    counts: Counter = Counter()
+    dropped: Counter = Counter()
+    drift = DriftReport(renderer)
+    writers = _Writers(output, opts.target, opts.shard_bytes)
+    seen = SeenSet(output.path("dedupe.sqlite")) if opts.dedupe else None
+    progress = _progress(opts.progress)
+    for session in iter_sessions(root, harnesses=set(opts.harnesses) or None):
+        counts["sessions_read"] += 1
+        progress.update(1)
+        reason = opts.filters.session_reason(session)
+        if reason:
+            dropped[reason] += 1
+            continue
+        segments = segment_session(session)
+        if not segments:
+            dropped["no trainable calls"] += 1
+            continue
+        counts["sessions"] += 1
+        counts["segments"] += len(segments)
+        counts.update(f"segments_{s.reason}" for s in segments)
+        split = split_of(session.session_id, opts.val_fraction)
+        if opts.target == "atif":
+            output.path(split).mkdir(exist_ok=True)
+            doc = atif_out.session_trajectory(session, segments)
+            name = hashlib.sha256(session.session_id.encode()).hexdigest()[:16]
+            output.path(split, f"{name}.json").write_text(canonical_json(doc) + "\n")
+            counts[f"rows_{split}"] += 1
+            continue
+        if renderer is not None and opts.target in ("tokens", "verl-sft"):
+            for seg in segments:
+                drift.check_calls(seg.calls, True)
+        for sample in samples(session, segments, opts.mode if opts.target == "tokens" else "thread"):
+            reason = opts.filters.sample_reason(sample)
+            if reason:
+                dropped[reason] += 1
+                continue
+            counts["samples"] += 1
+            for row, prefix in _rows(opts, renderer, sample, drift, counts, root):
+                if seen is not None and not seen.add(_dedupe_key(opts.target, row)):
+                    counts["duplicates_dropped"] += 1
+                    continue
+                writers.add(split, row, prefix)
+                counts[f"rows_{split}"] += 1
+    progress.close()
+    if seen is not None:
+        seen.close()
+    files = writers.close()
+    if counts["sessions"] == 0:
+        raise UsageError("nothing to convert: no session passed the filters" if dropped
+                         else "nothing to convert: the dataset has no trainable calls")
+    _config(output, opts, files)
+    return {
+        "converter": "forge-convert", "converter_version": _version(), "created_at": datetime.now(timezone.utc),
+        "input": {"dataset": str(root.resolve()), "schema_version": dataset_manifest["schema_version"],
+                  "created_at": dataset_manifest.get("created_at")},
+        "target": opts.target, "mode": opts.mode if opts.target == "tokens" else "thread",
+        "tokenizer": None if renderer is None else {"name": opts.tokenizer,
+                                                     "sha256": tokenizer_hash(renderer.tokenizer)},
+        "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from,
+                    "harnesses": sorted(opts.harnesses)},
+        "counts": dict(counts), "dropped": dict(dropped), "files": files,
+        "drift": drift.to_dict() if renderer is not None else None,
+    }
+
+
+def _rows(opts: Options, renderer: Renderer | None, sample, drift: DriftReport, counts: Counter, root: Path):
+    if opts.target == "tokens":
+        for ts in tokenize(renderer, sample, prefer_engine=opts.tokens_from == "engine"):
+            drift.note_tokens(ts)
+            counts["retokenized" if ts.retokenized else "engine_ids"] += 1
+            yield token_row(ts), "part"
+    elif opts.target == "verl-sft":
+        refs = image_refs(sample.messages)
+        row = verl.sft_row(sample, blob_bytes(root, refs) if refs else {})
+        yield row, "mm" if "images" in row else "part"
+    elif opts.target == "verl-rl":
+        if sample.segment.parent is None:
+            row = verl.rl_row(sample, opts.agent_name, counts["rl_rows"])
+            if row is not None:
+                counts["rl_rows"] += 1
+                yield row, "part"
+
+
+def _config(output: Output, opts: Options, files: dict[str, list[str]]) -> None:
+    if opts.target not in ("verl-sft", "verl-rl"):
+        return
+    template = verl.SFT_CONFIG if opts.target == "verl-sft" else verl.RL_CONFIG
+    paths = {split: [str(output.out / f) for f in names] for split, names in files.items()}
+    text = template.format(train=paths.get("train", []), val=paths.get("val", []), max_length=opts.max_length,
+                           agent=opts.agent_name)
+    output.path("verl_config.yaml").write_text(text)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("forgerl")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(enabled: bool):
+    if not enabled or not sys.stderr.isatty():
+        return _NoProgress()
+    from tqdm import tqdm
+
+    return tqdm(desc="sessions", unit="session", file=sys.stderr)

@@ -1,0 +1,153 @@
+"""Rebuilding conversation threads from a session's calls.
+
+Harnesses resend the whole history on every call, so a call *continues* a
+segment when its input starts with that segment's last input + last output
+(followed by new tool results / user turns) and it offers the same tools.
+Anything else starts a new segment, linked to the segment it came from:
+
+- `compaction`: a user message of the new input quotes an earlier segment's
+  last answer (the summary the model wrote), as Claude Code does;
+- `subagent`: a fresh conversation while another segment waits on a call to
+  a subagent tool (Claude Code's `Agent`, formerly `Task`), interleaved;
+- `tools_changed`: the history continues but the offered tools differ;
+- `edited_history`: the input shares a prefix with a segment, then differs;
+- `new_conversation` / `start`: nothing in common with what came before.
+
+Messages are compared by their chat-template form without reasoning (some
+harnesses drop earlier reasoning when resending, which does not change the
+conversation) and without vendor hints (cache_control moves every call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from forgerl.schema.chat import to_chat_messages
+from forgerl.schema.messages import Message, canonical_json, sha256_hex
+
+from .source import Call, Session
+
+SUBAGENT_TOOLS = frozenset({"Agent", "Task"})
+_MIN_SUMMARY = 20  # characters: shorter answers are too common to prove a compaction
+
+
+def message_key(message: Message) -> str:
+    chat = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in to_chat_messages([message])]
+    return sha256_hex(canonical_json([message.role, chat]))
+
+
+@dataclass
+class Segment:
+    """A run of calls that each extend the previous one's conversation."""
+
+    session_id: str
+    index: int
+    reason: str
+    parent: int | None
+    parent_position: int | None  # how many of the parent's calls preceded this segment's first call
+    calls: list[Call] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # message keys of last input + last output
+    tools_key: str = ""
+
+    @property
+    def segment_id(self) -> str:
+        return f"{self.session_id}:{self.index}"
+
+    @property
+    def last(self) -> Call:
+        return self.calls[-1]
+
+    def messages(self) -> list[Message]:
+        """The whole conversation: the last call's input and output."""
+        return [*self.last.input, *self.last.output]
+
+    def generated(self) -> dict[int, int]:
+        """Message index in `messages()` -> index of the call (in this segment) that generated it."""
+        out: dict[int, int] = {}
+        for k, call in enumerate(self.calls):
+            start = len(call.input)
+            for j in range(len(call.output)):
+                out[start + j] = k
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "segment_id": self.segment_id, "segment_index": self.index,
+                "segment_reason": self.reason, "parent_segment": None if self.parent is None
+                else f"{self.session_id}:{self.parent}", "parent_position": self.parent_position}
+
+
+def trainable(call: Call) -> bool:
+    """Calls that hold a model turn: finished without error, with input and an assistant output."""
+    return call.ok and bool(call.input) and any(m.role == "assistant" and m.parts for m in call.output)
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _answer_text(call: Call) -> str:
+    return "".join(m.text() for m in call.output if m.role == "assistant").strip()
+
+
+def _quotes(call: Call, summary: str) -> bool:
+    return any(summary in "".join(p.text or "" for p in m.parts if p.type == "text")
+               for m in call.input if m.role == "user")
+
+
+def _waits_on_subagent(segment: Segment) -> bool:
+    return any(p.type == "tool_call" and p.tool_name in SUBAGENT_TOOLS
+               for m in segment.last.output for p in m.parts)
+
+
+def _new_segment(segments: list[Segment], call: Call, keys: list[str], tools_key: str) -> Segment:
+    index = len(segments)
+    if not segments:
+        return Segment(call.row["session_id"], index, "start", None, None)
+    shared = [(_common_prefix(keys, s.keys), s) for s in segments]
+    best_len, best = max(shared, key=lambda x: (x[0], x[1].index))
+
+    def child(reason: str, parent: Segment) -> Segment:
+        return Segment(call.row["session_id"], index, reason, parent.index, len(parent.calls))
+
+    if best_len >= len(best.keys) and best.tools_key != tools_key:
+        return child("tools_changed", best)
+    for seg in reversed(segments):
+        summary = _answer_text(seg.last)
+        if len(summary) >= _MIN_SUMMARY and _quotes(call, summary):
+            return child("compaction", seg)
+    system = sum(1 for m in call.input if m.role in ("system", "developer"))
+    if best_len <= system:
+        waiting = [s for s in segments if _waits_on_subagent(s)]
+        if waiting:
+            return child("subagent", waiting[-1])
+        return Segment(call.row["session_id"], index, "new_conversation", None, None)
+    return child("edited_history", best)
+
+
+def segment_session(session: Session) -> list[Segment]:
+    """Split a session's trainable calls into segments, in order of their first call."""
+    segments: list[Segment] = []
+    for call in session.calls:
+        if not trainable(call):
+            continue
+        keys = [message_key(m) for m in call.input]
+        tools_key = sha256_hex(canonical_json(call.tools))
+        target = None
+        for seg in segments:
+            n = len(seg.keys)
+            if seg.tools_key == tools_key and n <= len(keys) and keys[:n] == seg.keys and (
+                    target is None or n > len(target.keys)):
+                target = seg
+        if target is None:
+            target = _new_segment(segments, call, keys, tools_key)
+            target.tools_key = tools_key
+            segments.append(target)
+        target.calls.append(call)
+        target.keys = keys + [message_key(m) for m in call.output]
+    return segments

@@ -1,0 +1,219 @@
+"""Token ids and loss masks for samples: engine ids verbatim, else the chat template.
+
+Engine path (every call of the sample carries `prompt_token_ids` and
+`completion_token_ids`): the ids the model really saw and wrote. A thread is
+the first call's prompt + completion, then each later call's prompt suffix
+(context, no loss) + completion (loss). When a later prompt does not extend
+the ids so far (the template re-rendered history differently: stripped
+`<think>`, other turn separators), merging would train on tokens the model
+never saw, so the thread is cut there into another token sample
+(`token_part` counts them) and the break is counted in the drift report.
+
+Template path (`retokenized`): thread samples are rendered exactly as veRL's
+`MultiTurnSFTDataset` does (each message on its own, system prompt stripped
+from later ones, loss on assistant messages minus the generation prompt), and
+`template_consistent` says whether that equals rendering the whole
+conversation at once (veRL's sanity check). Per-call samples are the prompt
+with the generation prompt, then the rest of the full render.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterator
+
+from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
+from forgerl.schema.messages import canonical_json
+
+from .samples import Sample
+
+
+class TokenizerError(ValueError):
+    """The tokenizer cannot be loaded or has no chat template."""
+
+
+def load_tokenizer(name: str) -> Any:
+    """A transformers tokenizer with a chat template, from a path or an (offline-cached) hub name."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"--tokenizer {name}: cannot load: {str(e).splitlines()[0]}") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise TokenizerError(f"--tokenizer {name}: the tokenizer has no chat template")
+    return tokenizer
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """sha256 over the vocabulary and the chat template: what makes two tokenizers give the same ids."""
+    h = hashlib.sha256()
+    h.update(canonical_json(sorted(tokenizer.get_vocab().items())).encode())
+    h.update((tokenizer.chat_template or "").encode())
+    return h.hexdigest()
+
+
+@dataclass
+class TokenSample:
+    sample: Sample
+    part: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float | None] | None
+    retokenized: bool
+    template_consistent: bool | None
+    whole_ids: list[int] | None = None  # the whole-conversation render, kept when it differs
+
+
+class Renderer:
+    """The chat template with veRL's conventions, cached per distinct input."""
+
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.kwargs = dict(template_kwargs or {})
+        self._text = lru_cache(maxsize=4096)(self._render)
+        empty = [{"role": "user", "content": ""}]
+        one, two = self.ids(empty), self.ids(empty * 2)
+        self.system_prompt = one[: len(one) - (len(two) - len(one))]
+        self.generation_prompt = self.ids(empty, generation=True)[len(one):]
+
+    def _render(self, key: str, generation: bool, enable_thinking: bool | None) -> str:
+        messages, tools = json.loads(key)
+        kwargs = dict(self.kwargs)
+        if enable_thinking is not None:
+            kwargs["enable_thinking"] = enable_thinking
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=generation, **kwargs)
+
+    def text(self, messages: list[dict], tools: list[dict] | None, generation: bool = False,
+             enable_thinking: bool | None = None) -> str:
+        key = json.dumps([messages, tools or None], ensure_ascii=False, separators=(",", ":"))  # key order kept
+        return self._text(key, generation, enable_thinking)
+
+    def ids(self, messages: list[dict], tools: list[dict] | None = None, generation: bool = False,
+            enable_thinking: bool | None = None) -> list[int]:
+        return self.encode([self.text(messages, tools, generation, enable_thinking)])[0]
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def has_engine_ids(sample: Sample) -> bool:
+    return all(c.row.get("prompt_token_ids") and c.row.get("completion_token_ids") for c in sample.calls)
+
+
+def engine_tokens(sample: Sample) -> Iterator[TokenSample]:
+    """The recorded ids, cut where a call's prompt does not extend the ids before it."""
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float | None] = []
+    part = 0
+    for call in sample.calls:
+        prompt, completion = list(call.row["prompt_token_ids"]), list(call.row["completion_token_ids"])
+        recorded = call.row.get("completion_logprobs")
+        scores = list(recorded) if recorded is not None and len(recorded) == len(completion) else [None] * len(completion)
+        if ids and prompt[: len(ids)] != ids:
+            yield TokenSample(sample, part, ids, mask, _or_none(logprobs), False, None)
+            part += 1
+            ids, mask, logprobs = [], [], []
+        new = prompt[len(ids):]
+        ids += new + completion
+        mask += [0] * len(new) + [1] * len(completion)
+        logprobs += [None] * len(new) + scores
+    yield TokenSample(sample, part, ids, mask, _or_none(logprobs), False, None)
+
+
+def _or_none(logprobs: list[float | None]) -> list[float | None] | None:
+    return logprobs if any(v is not None for v in logprobs) else None
+
+
+def chat_of(sample: Sample) -> tuple[list[dict], list[tuple[int, int]]]:
+    """The sample's chat dicts, and for each canonical message its [start, end) range among them."""
+    chat: list[dict] = []
+    ranges = []
+    for message in sample.messages:
+        start = len(chat)
+        chat.extend(to_chat_messages([message], arguments="json"))
+        ranges.append((start, len(chat)))
+    return chat, ranges
+
+
+def verl_style(renderer: Renderer, chat: list[dict], tools: list[dict] | None, enable_thinking: bool,
+               trained_chat: set[int]) -> tuple[list[int], list[int], list[int]]:
+    """Ids and loss mask as veRL's MultiTurnSFTDataset builds them, and the whole render (its sanity check)."""
+    texts = [renderer.text([m], tools if i == 0 else None, False, enable_thinking) for i, m in enumerate(chat)]
+    texts.append(renderer.text(chat, tools, False, enable_thinking))
+    encoded = renderer.encode(texts)
+    whole = encoded.pop()
+    ids: list[int] = []
+    mask: list[int] = []
+    sys_len, gen_len = len(renderer.system_prompt), len(renderer.generation_prompt)
+    for i, (message, piece) in enumerate(zip(chat, encoded)):
+        if i != 0 and message["role"] != "system":
+            piece = piece[sys_len:]
+        ids += piece
+        if message["role"] == "assistant" and i in trained_chat:
+            mask += [0] * min(gen_len, len(piece)) + [1] * max(0, len(piece) - gen_len)
+        else:
+            mask += [0] * len(piece)
+    return ids, mask, whole
+
+
+def template_tokens(renderer: Renderer, sample: Sample) -> TokenSample:
+    chat, ranges = chat_of(sample)
+    tools = chat_tools(sample.tools) or None
+    thinking = sample.enable_thinking
+    trained_chat = {j for i in sample.trained for j in range(*ranges[i])}
+    if sample.mode == "thread":
+        ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat)
+        return TokenSample(sample, 0, ids, mask, None, True, ids == whole, None if ids == whole else whole)
+    first_out = min(sample.trained)
+    prompt_chat = chat[: ranges[first_out][0]]
+    prompt = renderer.text(prompt_chat, tools, True, thinking)
+    full = renderer.text(chat, tools, False, thinking)
+    if full.startswith(prompt):
+        prompt_ids, completion_ids, whole = renderer.encode([prompt, full[len(prompt):], full])
+    else:  # the template renders the history differently once the answer follows: veRL's way, flagged
+        ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat)
+        return TokenSample(sample, 0, ids, mask, None, True, ids == whole, None if ids == whole else whole)
+    ids = prompt_ids + completion_ids
+    return TokenSample(sample, 0, ids, [0] * len(prompt_ids) + [1] * len(completion_ids), None, True,
+                       ids == whole, None if ids == whole else whole)
+
+
+def tokenize(renderer: Renderer | None, sample: Sample, prefer_engine: bool = True) -> Iterator[TokenSample]:
+    if prefer_engine and has_engine_ids(sample):
+        yield from engine_tokens(sample)
+    elif renderer is not None:
+        yield template_tokens(renderer, sample)
+
+
+def token_row(ts: TokenSample) -> dict[str, Any]:
+    s = ts.sample
+    prov = s.provenance()
+    return {
+        "sample_id": s.sample_id if ts.part == 0 else f"{s.sample_id}#{ts.part}",
+        **{k: prov[k] for k in ("session_id", "segment_id", "segment_index", "segment_reason", "parent_segment",
+                                "parent_position", "mode", "harness", "model", "api", "policy_version",
+                                "call_ids")},
+        "token_part": ts.part,
+        "input_ids": ts.input_ids,
+        "loss_mask": ts.loss_mask,
+        "response_mask": ts.loss_mask,
+        "logprobs": ts.logprobs,
+        "reward": s.session.reward,
+        "retokenized": ts.retokenized,
+        "template_consistent": ts.template_consistent,
+        "images": image_refs(s.messages),
+        "num_tokens": len(ts.input_ids),
+        "num_turns": s.turns,
+    }
+

@@ -1,0 +1,91 @@
+"""veRL rows: multi-turn SFT (`MultiTurnSFTDataset`) and RL prompts (`RLHFDataset`), plus config snippets.
+
+SFT rows are thread samples only: veRL puts loss on every assistant message
+of a row, so per-call rows would train each turn once per later call. Tool
+call arguments are JSON strings (what the template's `tojson` writes for the
+dict): a Parquet column cannot hold differently-keyed dicts without padding
+them with null keys, which would then be rendered. The same padding hits the
+tool schemas of the `tools` column; `tools_roundtrip` measures it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
+
+from .samples import Sample
+
+SFT_CONFIG = """\
+# forge-convert --to verl-sft: veRL 0.9.1 SFT trainer keys (flat under data.)
+data:
+  train_files: {train}
+  val_files: {val}
+  messages_key: messages
+  tools_key: tools
+  enable_thinking_key: enable_thinking
+  image_key: images
+  pad_mode: no_padding
+  truncation: error
+  max_length: {max_length}
+"""
+
+RL_CONFIG = """\
+# forge-convert --to verl-rl: veRL 0.9.1 RL trainer keys
+data:
+  train_files: {train}
+  val_files: {val}
+  prompt_key: prompt
+  max_prompt_length: {max_length}
+  filter_overlong_prompts: true
+  return_raw_chat: true
+actor_rollout_ref:
+  rollout:
+    agent:
+      default_agent_loop: {agent}
+"""
+
+
+def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
+    """One MultiTurnSFTDataset row; `images` only for rows that have images (veRL then needs a processor)."""
+    prov = sample.provenance()
+    row: dict[str, Any] = {
+        "messages": to_chat_messages(sample.messages, arguments="json"),
+        "tools": chat_tools(sample.tools) or None,
+        "enable_thinking": sample.enable_thinking,
+        **{k: prov[k] for k in ("sample_id", "session_id", "segment_id", "segment_reason", "parent_segment",
+                                "harness", "model", "reward")},
+    }
+    refs = image_refs(sample.messages)
+    if refs:
+        row["images"] = [{"bytes": blobs.get(ref)} for ref in refs]
+    return row
+
+
+def rl_row(sample: Sample, agent_name: str, index: int) -> dict[str, Any] | None:
+    """The task as veRL RL sees it: the first call's input up to its first model turn, for online rollouts."""
+    first = sample.calls[0]
+    prompt = []
+    for message in first.input:
+        if message.role == "assistant":
+            break
+        prompt.append(message)
+    chat = [{"role": m["role"], "content": m["content"]} for m in to_chat_messages(prompt) if m["role"] in
+            ("system", "user")]
+    if not any(m["role"] == "user" for m in chat):
+        return None
+    outcome = sample.session.outcome or {}
+    task_id = outcome.get("task_id") or ""
+    harness = sample.session.harness or "unknown"
+    return {
+        "data_source": f"forgerl/{harness}",
+        "prompt": chat,
+        "agent_name": agent_name,
+        "reward_model": {"style": "rule", "ground_truth": task_id},
+        "extra_info": {"index": index, "task_id": task_id, "harness": harness,
+                       "session_id": sample.session.session_id, "segment_id": sample.segment.segment_id,
+                       "model": sample.provenance()["model"], "recorded_reward": sample.session.reward,
+                       "tools": json.dumps(chat_tools(first.tools), ensure_ascii=False)},
+    }
+
