@@ -5,7 +5,9 @@
 Under `unshare --net --pid --fork --kill-child` it is PID 1 of a fresh PID
 namespace with a network namespace of its own: when it exits (or its
 `unshare` parent is killed) the kernel kills every process left in the
-namespace, so a harness's children cannot outlive the rollout. Its exit
+namespace, so a harness's children cannot outlive the rollout. Inside the
+network namespace it also answers DNS with "no such name" (see
+`dns_fails_fast`). Its exit
 status is the harness's (128 + signal when killed by one).
 """
 
@@ -20,6 +22,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 
 from .bridge import forward, unix_connector
 
@@ -32,6 +35,51 @@ def loopback_up() -> None:
         ifreq = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, ifreq))[1]
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def _nxdomain(query: bytes) -> bytes | None:
+    """The answer "no such name" to a DNS query: header flags + the query's own question section."""
+    if len(query) < 12:
+        return None
+    end = 12
+    while end < len(query) and query[end]:
+        end += query[end] + 1
+    end += 5  # the root label, QTYPE, QCLASS
+    if end > len(query):
+        return None
+    flags = 0x8000 | (query[2] << 8 & 0x7900) | 0x0080 | 3  # QR, opcode + RD as asked, RA, NXDOMAIN
+    return query[:2] + struct.pack(">HHHHH", flags, 1, 0, 0, 0) + query[12:end]
+
+
+def _answer_dns(sock: socket.socket) -> None:
+    while True:
+        query, peer = sock.recvfrom(512)
+        reply = _nxdomain(query)
+        if reply:
+            sock.sendto(reply, peer)
+
+
+def dns_fails_fast(resolv_conf: str = "/etc/resolv.conf") -> None:
+    """Answer every name lookup with NXDOMAIN at the configured nameservers' addresses.
+
+    In a namespace with only loopback, a nameserver is unreachable; glibc gives
+    up at once, but some resolvers (musl, so Codex) wait out their timeouts.
+    """
+    try:
+        servers = [line.split()[1] for line in open(resolv_conf) if line.startswith("nameserver")]
+    except OSError:
+        return
+    for ip in servers:
+        if ":" in ip:
+            continue
+        if not ip.startswith("127."):
+            subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], capture_output=True, check=False)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((ip, 53))
+        except OSError:
+            continue
+        threading.Thread(target=_answer_dns, args=(sock,), daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_CPU, (args.cpu_seconds, args.cpu_seconds + 5))
     if args.bridge_port:
         loopback_up()
+        dns_fails_fast()
         listener = socket.create_server(("127.0.0.1", args.bridge_port), backlog=256)
         forward(listener, unix_connector(args.bridge_unix))
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,28 +72,41 @@ class LocalRunner:
                        error="; ".join(errors), model=self.model, extra={"tries": len(errors)})
 
     def _try(self, rollout: Rollout, exe: str, session: str) -> Outcome:
-        task = rollout.task
-        t_start = now()
         tmp = Path(tempfile.mkdtemp(prefix="forgerl-rollout-"))
+        timings: dict[str, float] = {}
         try:
-            workspace, home = tmp / "workspace", tmp / "home"
-            home.mkdir()
-            prepare_workspace(task, workspace)
-            sandbox = Sandbox(tmp, self.recorder_url, self.isolate_network)
-            ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, self.model, dict(self.env))
-            argv, harness_env = self.harness.command(exe, ctx)
-            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
-            try:
-                result = sandbox.run(argv, env, workspace, timeout_s=self.timeout_s or task.timeout_s,
-                                     cpu_s=task.cpu_s, memory_mb=task.memory_mb)
-            except OSError as e:
-                raise InfraError(f"sandbox failed to start: {e}") from None
-            scores = grade_session(task, self.dataset, session, workspace)
-            extra = {"final_answer": self.harness.final_answer(result.stdout, ctx),
-                     "harness_transcript": self.harness.own_transcript(ctx),
-                     "returncode": result.returncode, "seconds": round(result.seconds, 3),
-                     "enforced": sandbox.enforced, "stderr_tail": result.stderr[-STDERR_TAIL:] or None}
-            return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, scores,
-                                  result.timed_out, result.returncode, model=self.model, extra=extra)
+            outcome = self._run_in(tmp, rollout, exe, session, timings)
         finally:
+            start = time.monotonic()
             shutil.rmtree(tmp, ignore_errors=True)
+            timings["teardown"] = round(time.monotonic() - start, 4)
+        return outcome
+
+    def _run_in(self, tmp: Path, rollout: Rollout, exe: str, session: str, timings: dict[str, float]) -> Outcome:
+        """Set up, run, grade; `timings` gets each phase's seconds (model time is inside `harness`)."""
+        task = rollout.task
+        t_start, clock = now(), time.monotonic()
+        workspace, home = tmp / "workspace", tmp / "home"
+        home.mkdir()
+        prepare_workspace(task, workspace)
+        sandbox = Sandbox(tmp, self.recorder_url, self.isolate_network)
+        ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, self.model, dict(self.env))
+        argv, harness_env = self.harness.command(exe, ctx)
+        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
+        timings["setup"] = round(time.monotonic() - clock, 4)
+        try:
+            result = sandbox.run(argv, env, workspace, timeout_s=self.timeout_s or task.timeout_s,
+                                 cpu_s=task.cpu_s, memory_mb=task.memory_mb)
+        except OSError as e:
+            raise InfraError(f"sandbox failed to start: {e}") from None
+        timings["harness"] = round(result.seconds, 4)
+        clock = time.monotonic()
+        scores = grade_session(task, self.dataset, session, workspace)
+        timings["grade"] = round(time.monotonic() - clock, 4)
+        extra = {"final_answer": self.harness.final_answer(result.stdout, ctx),
+                 "harness_transcript": self.harness.own_transcript(ctx),
+                 "returncode": result.returncode, "seconds": round(result.seconds, 3),
+                 "enforced": sandbox.enforced, "stderr_tail": result.stderr[-STDERR_TAIL:] or None,
+                 "timings": timings}
+        return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, scores,
+                              result.timed_out, result.returncode, model=self.model, extra=extra)

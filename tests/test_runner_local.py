@@ -118,15 +118,22 @@ def refused(host, port):
         return 0.0
     except OSError:
         return 1.0
+def dns_says_no_such_name():  # asked raw, as musl-based harnesses (Codex) do: an answer, not a timeout
+    ns = next(line.split()[1] for line in open("/etc/resolv.conf") if line.startswith("nameserver"))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(1)
+    s.sendto(bytes.fromhex("abcd01000001000000000000076578616d706c6503636f6d0000010001"), (ns, 53))
+    reply = s.recv(512)
+    return float(reply[:2] == bytes.fromhex("abcd") and reply[3] & 0x0F == 3)
 with urllib.request.urlopen(f"{{base}}/s/{{session}}/v1/models", timeout=10) as r:
     recorder = float(r.status == 200 and b"data" in r.read())
 scores = {{"recorder": recorder, "upstream_direct": refused("127.0.0.1", {port}),
-          "host": refused("{host_ip}", {port}), "internet": refused("1.1.1.1", 443)}}
+          "host": refused("{host_ip}", {port}), "internet": refused("1.1.1.1", 443), "dns": dns_says_no_such_name()}}
 pathlib.Path("out.json").write_text(json.dumps(scores))
 """
     outcome, _ = run(stack, code)
     assert json.loads(outcome.row()["scores"]) == {"recorder": 1.0, "upstream_direct": 1.0, "host": 1.0,
-                                                   "internet": 1.0}
+                                                   "internet": 1.0, "dns": 1.0}
     assert any("network namespace" in e for e in outcome.extra["enforced"])
 
 

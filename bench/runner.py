@@ -1,0 +1,118 @@
+"""Local runner throughput and per-rollout overhead, against the bare harness CLI through the same recorder.
+
+    .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 16 rollouts each
+    .venv/bin/python bench/runner.py --quick    # parallelism 1, 4; 4 rollouts each
+
+The model is the scripted upstream performing QwenClawBench task_00067 (one
+shell tool call that writes the query file, then a final answer) through a
+real harness CLI (Codex by default), behind one in-process recorder. Each
+parallelism level runs, in turn:
+
+    bare      the peer: the harness CLI itself, run in a fresh temp dir pointed at the recorder
+              (no workspace files, no sandbox, no grading), N at a time
+    runner    LocalRunner: workspace from the task's 8 files, private HOME, sandbox (network + PID
+              namespace, cgroup, rlimits), grade() in a child process, outcome written, temp dir removed
+
+"overhead" is what the runner adds around the model and the harness: workspace
+setup + grading (which waits 0.6 s for the recorder's 0.5 s flush so the
+transcript holds every call) + teardown, per rollout, from the timings each
+outcome records. The ratio column is runner throughput / bare throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from runner_fixtures import BENCH, SPARQL_TASK, task_script  # noqa: E402
+
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig  # noqa: E402
+from forgerl.recorder.scripted import ScriptedUpstream  # noqa: E402
+from forgerl.runners.harnesses import RunContext, get_harness  # noqa: E402
+from forgerl.runners.local import PASSTHROUGH_ENV, LocalRunner  # noqa: E402
+from forgerl.runners.rollout import Rollout  # noqa: E402
+from forgerl.runners.tasks import find_task  # noqa: E402
+from forgerl.schema.store import DatasetWriter  # noqa: E402
+
+
+def bare(harness, exe: str, recorder_url: str, prompt: str, n: int, parallel: int) -> float:
+    """Wall seconds for n plain harness runs, `parallel` at a time."""
+
+    def one(i: int) -> None:
+        tmp = Path(tempfile.mkdtemp(prefix="forgerl-bench-bare-"))
+        try:
+            (tmp / "home").mkdir()
+            ctx = RunContext(prompt, tmp, tmp / "home", recorder_url, f"bare-{parallel}-{i}-{time.time_ns()}")
+            argv, env = harness.command(exe, ctx)
+            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | env
+            subprocess.run(argv, cwd=tmp, env=env, capture_output=True, stdin=subprocess.DEVNULL, check=True,
+                           timeout=300)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(one, range(n)))
+    return time.monotonic() - start
+
+
+def runner(harness, recorder_url: str, out: Path, task, n: int, parallel: int) -> tuple[float, list[dict]]:
+    local = LocalRunner(harness, recorder_url, out, parallel=parallel, retries=0)
+    start = time.monotonic()
+    with DatasetWriter(out, source="bench") as writer:
+        outcomes = local.run([Rollout(task, i, f"bench-p{parallel}") for i in range(n)], writer)
+    wall = time.monotonic() - start
+    bad = [o for o in outcomes if o.status == "infra_error" or not o.scores]
+    if bad:
+        raise SystemExit(f"bench: {len(bad)} rollouts failed: {bad[0].error}")
+    return wall, [o.extra["timings"] for o in outcomes]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--harness", default="codex", choices=["codex", "claude-code"])
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    levels, n = ((1, 4), 4) if args.quick else ((1, 4, 16), 16)
+    harness = get_harness(args.harness)
+    exe = harness.find()
+    task = find_task(BENCH, SPARQL_TASK)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="forgerl-bench-") as tmp, ScriptedUpstream(task_script) as up, \
+            BackgroundRecorder(RecorderConfig(out=Path(tmp) / "data", upstream_anthropic=up.url,
+                                              upstream_openai=up.url)) as rec:
+        bare(harness, exe, rec.config.url, task.prompt, 1, 1)  # warm the CLI's files into the page cache
+        for parallel in levels:
+            bare_s = bare(harness, exe, rec.config.url, task.prompt, n, parallel)
+            run_s, timings = runner(harness, rec.config.url, Path(tmp) / "data", task, n, parallel)
+
+            def mean_ms(key: str) -> float:
+                return 1000 * statistics.mean(t[key] for t in timings)
+
+            overhead = mean_ms("setup") + mean_ms("grade") + mean_ms("teardown")
+            rows.append([parallel, n, f"{n / bare_s:.2f}", f"{n / run_s:.2f}", f"{bare_s / run_s:.2f}",
+                         f"{mean_ms('setup'):.0f}", f"{mean_ms('harness'):.0f}", f"{mean_ms('grade'):.0f}",
+                         f"{mean_ms('teardown'):.0f}", f"{overhead:.0f}"])
+    head = ["parallel", "rollouts", "bare/s", "runner/s", "ratio", "setup ms", "harness ms", "grade ms",
+            "teardown ms", "overhead ms"]
+    widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(head)]
+    print(f"harness: {args.harness}; peer: the bare harness CLI through the same recorder; "
+          f"ratio = runner throughput / bare throughput; {os.cpu_count()} CPUs")
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        print("  ".join(str(v).rjust(w) for v, w in zip(r, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
