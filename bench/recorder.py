@@ -93,6 +93,14 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def child_pids(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
 def rss_mb(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -214,11 +222,16 @@ class Proxy:
     def pid(self) -> int | None:
         return self.process.proc.pid if self.process else None
 
+    @property
+    def pids(self) -> list[int]:
+        """The proxy and its children (forge-record's writer process): their CPU is the proxy's."""
+        return [self.pid, *child_pids(self.pid)] if self.pid else []
+
     def stop(self) -> dict:
         """SIGTERM; for a recording proxy, count the complete calls it wrote."""
         if self.process is None:
             return {}
-        rss = rss_mb(self.process.proc.pid)
+        rss = sum(rss_mb(p) for p in self.pids)
         status = self.process.stop()
         info: dict = {"exit": status, "sent_ok": self.sent_ok, "rss_mb": rss}
         if self.config.records:
@@ -239,8 +252,8 @@ UPSTREAM_PIDS: list[int] = []  # CPU they use is ours, not "other load"
 def loadgen(proxy: Proxy | None, url: str, *args: str, timeout: float = 300) -> dict:
     """Run one load in its own process; return its JSON result, plus the CPU the proxy used
     (`proxy_cpu`, s) and the CPU other processes on the machine used (`other_load`, in cores)."""
-    pid = proxy.pid if proxy else None
-    ours = [p for p in (pid, *UPSTREAM_PIDS) if p]
+    mine = proxy.pids if proxy else []
+    ours = [*mine, *UPSTREAM_PIDS]
     cpu0 = {p: cpu_seconds(p) for p in ours}
     child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0 = machine_busy()
@@ -254,7 +267,7 @@ def loadgen(proxy: Proxy | None, url: str, *args: str, timeout: float = 300) -> 
         raise RuntimeError(f"loadgen {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     result = json.loads(done.stdout)
     used = {p: cpu_seconds(p) - cpu0[p] for p in ours}
-    result["proxy_cpu"] = used.get(pid, 0.0) if pid else 0.0
+    result["proxy_cpu"] = sum(used[p] for p in mine if used[p] == used[p])
     loadgen_cpu = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
     result["other_load"] = max(0.0, busy - sum(used.values()) - loadgen_cpu) / wall
     result["wall"] = wall

@@ -7,22 +7,21 @@ Usable on its own::
 
 Hooks stay tiny (the proxy's latency is the harness's latency): they strip
 the session prefix, stamp times, and set a streaming tap so SSE passes chunk
-by chunk. Everything else happens on a worker thread.
+by chunk. Redaction, parsing and writing happen in a writer process of its
+own (`writer_process.py`), so they never hold the proxy's GIL.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from mitmproxy import ctx, http
 
 from forgerl.recorder.capture import CapturedCall
-from forgerl.recorder.harness import detect_harness
 from forgerl.recorder.redact import Redactor
-from forgerl.schema.store import DatasetWriter
+from forgerl.recorder.writer_process import WriterClient
 
 SESSION_HEADER = "x-forge-session"
 SESSION_PREFIX = "/s/"
@@ -65,9 +64,7 @@ class Recorder:
     """Records each flow into a forgerl dataset root (`forge_out`)."""
 
     def __init__(self) -> None:
-        self.writer: DatasetWriter | None = None
-        self.redactor = Redactor()
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forgerl-record")
+        self.writer: WriterClient | None = None
         self.upstreams: dict[str, Upstream] = {}
 
     def load(self, loader) -> None:
@@ -84,8 +81,8 @@ class Recorder:
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        if "forge_redact_rules" in updated:
-            self.redactor = Redactor.from_file(opts.forge_redact_rules) if opts.forge_redact_rules else Redactor()
+        if "forge_redact_rules" in updated and opts.forge_redact_rules:
+            Redactor.from_file(opts.forge_redact_rules)  # a bad rule is an error here, not in the writer
         if {"forge_upstream_anthropic", "forge_upstream_openai"} & updated:
             self.upstreams = {name: Upstream(url) for name, url in
                               (("anthropic", opts.forge_upstream_anthropic), ("openai", opts.forge_upstream_openai))
@@ -95,7 +92,9 @@ class Recorder:
         if "forge_out" in updated:
             self._close_writer()
             if opts.forge_out:
-                self.writer = DatasetWriter(opts.forge_out)
+                self.writer = WriterClient(opts.forge_out)
+        if self.writer is not None and {"forge_out", "forge_redact_rules", "forge_labels"} & updated:
+            self.writer.configure(redact_rules=opts.forge_redact_rules, labels=opts.forge_labels)
 
     # http ---------------------------------------------------------------
 
@@ -122,7 +121,7 @@ class Recorder:
         if call is None:
             return
         call.request_body = flow.request.raw_content
-        self.writer.track(call.call_id, lambda full: call.to_record(self.redactor, full))
+        self.writer.open(call)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         call = flow.metadata.get("forgerl")
@@ -167,7 +166,7 @@ class Recorder:
                 status=101, sse=True, response_headers=[("x-forgerl-transport", "websocket")],
                 policy_version=parent.policy_version)
             flow.metadata["forgerl_ws_call"] = current
-            self.writer.track(current.call_id, lambda full: current.to_record(self.redactor, full))
+            self.writer.open(current)
             return
         if current is None:
             return
@@ -188,25 +187,11 @@ class Recorder:
     # recording ------------------------------------------------------------
 
     def _submit(self, call: CapturedCall, flow: http.HTTPFlow) -> None:
-        user_agent = flow.request.headers.get("user-agent", "")
-        self.worker.submit(self._record, call, user_agent)
-
-    def _record(self, call: CapturedCall, user_agent: str) -> None:
-        writer = self.writer
-        if writer is None:
-            return
-        try:
-            labels = json.loads(ctx.options.forge_labels) if ctx.options.forge_labels else None
-            writer.add_session(call.session_id, harness=detect_harness(user_agent),
-                               user_agent=user_agent, labels=labels)
-            writer.add_call(call.to_record(self.redactor))
-        except Exception as e:  # never let one odd call stop the recorder
-            print(f"forgerl: could not record call {call.call_id}: {type(e).__name__}: {e}", flush=True)
+        if self.writer is not None:
+            self.writer.finish(call, flow.request.headers.get("user-agent", ""))
 
     def _close_writer(self) -> None:
         if self.writer is not None:
-            self.worker.shutdown(wait=True)
-            self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forgerl-record")
             self.writer.close()
             self.writer = None
 

@@ -1,9 +1,10 @@
 """One call's bytes and times as they pass, and turning them into a `CallRecord`.
 
 The proxy's hot path only appends chunks and stamps times (`tap`); parsing,
-redaction, reassembly and normalisation run later in `to_record`, on the
-recorder's worker thread or the writer's flush thread, so recording costs
-the harness almost nothing per chunk.
+redaction, reassembly and normalisation run later in `to_record`, in the
+writer process (`writer_process.py`), which rebuilds the call from
+`start_fields`, `state` and the bytes, so recording costs the harness almost
+nothing per chunk.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from .sse import SSEDecoder
 
 INCOMPLETE = "recorder stopped before the call finished"
 SPLIT_SECRET = "raw response withheld: a secret was split across stream frames"
+_START_FIELDS = ("call_id", "session_id", "seq", "method", "path", "upstream", "t_start", "request_headers",
+                 "request_body", "websocket", "policy_version")
+_STATE_FIELDS = ("status", "response_headers", "sse", "t_first_byte", "t_end", "error", "finished")
 
 
 def utc(ts: float | None) -> datetime | None:
@@ -65,6 +69,21 @@ class CapturedCall:
         self.t_end = time.time()
         self.error = error
         self.finished = error is None
+
+    def start_fields(self) -> dict:
+        """What is known once the request is in: `CapturedCall(**start_fields())` rebuilds it."""
+        return {name: getattr(self, name) for name in _START_FIELDS}
+
+    def state(self) -> dict:
+        """What the response has changed so far, chunks aside."""
+        return {name: getattr(self, name) for name in _STATE_FIELDS}
+
+    def update(self, state: dict, data: bytes) -> None:
+        """Apply a `state()` taken elsewhere, and the chunk bytes that came since."""
+        for name, value in state.items():
+            setattr(self, name, value)
+        if data:
+            self.chunks.append(data)
 
     def to_record(self, redactor: Redactor, full: bool = True) -> CallRecord:
         """A call row from what has been seen so far.

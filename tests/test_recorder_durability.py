@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -111,6 +112,8 @@ def test_kill_minus_9_during_50_streams(scripted, recorder, tmp_path):
         threads.append(t)
         time.sleep(0.06)  # starts spread over 3 s: some finished, some mid-stream at the kill
     time.sleep(0.3)
+    writers = child_pids(rec.proc.pid)
+    assert writers, "forge-record serve has no writer process"
     rec.proc.send_signal(signal.SIGKILL)
     rec.proc.wait()
     killed_at = time.time()
@@ -118,6 +121,8 @@ def test_kill_minus_9_during_50_streams(scripted, recorder, tmp_path):
         t.join(timeout=5)
     due = sorted(i for i, t in done.items() if t < killed_at - 1.0)
     assert len(due) >= 10, f"only {len(due)} streams had finished a second before the kill"
+    # The writer process sees its pipe close, writes what it holds, and exits: it does not linger.
+    assert wait_gone(writers, timeout=15), f"writer process {writers} outlived the killed recorder"
     # Restart on the same directory: dead writers' in-flight calls are recovered as incomplete.
     again = recorder(up.url, out=rec.out)
     again.stop()
@@ -130,7 +135,59 @@ def test_kill_minus_9_during_50_streams(scripted, recorder, tmp_path):
         assert len(rows) == 1 and rows[0]["complete"] and rows[0]["error"] is None, (i, rows)
     unfinished = [rows[0] for s, rows in by_session.items() if int(s.split("-")[1]) not in done]
     assert unfinished and all(not r["complete"] and r["error"] for r in unfinished)
+    # Open calls keep the bytes the writer process had received before the kill.
+    assert any(r["response_raw"] and b"word" in decompress(r["response_raw"]) for r in unfinished)
     for table in tables.TABLES:
         for f in store.data_files(rec.out, table):
             pq.read_table(f)
     assert not list((rec.out / "_inflight").glob("*.parquet"))
+
+
+def test_kill_minus_9_of_recorder_and_writer_process(scripted, recorder):
+    """Both processes die at once: the writer's in-flight snapshot is recovered on restart."""
+    up = scripted(sequence(Turn(text=" ".join(f"word{i}" for i in range(100)))), chunks=50, chunk_delay=0.04)
+    rec = recorder(up.url)
+    done: dict[int, float] = {}
+    lock = threading.Lock()
+    threads = [threading.Thread(target=stream_one, args=(rec.url, i, done, lock), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    time.sleep(1.2)  # every stream mid-way (each ~2 s): several in-flight snapshots written
+    writers = child_pids(rec.proc.pid)
+    for pid in [rec.proc.pid, *writers]:
+        os.kill(pid, signal.SIGKILL)
+    rec.proc.wait()
+    assert wait_gone(writers, timeout=5)
+    for t in threads:
+        t.join(timeout=5)
+    assert list((rec.out / "_inflight").glob("*.parquet")), "no in-flight snapshot was on disk"
+    again = recorder(up.url, out=rec.out)
+    again.stop()
+    rows = store.read_table(rec.out, "calls").to_pylist()
+    assert len(rows) == 8 and all(not r["complete"] and r["error"] for r in rows), rows
+    assert all(r["response_raw"] and b"word" in decompress(r["response_raw"]) for r in rows)
+    assert not list((rec.out / "_inflight").glob("*.parquet"))
+
+
+def child_pids(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return children
+
+
+def wait_gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _state(pid: int) -> str:
+    try:
+        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
+    except (OSError, StopIteration):
+        return "zombie"

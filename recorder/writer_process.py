@@ -1,0 +1,254 @@
+"""The recorder's writer process: redaction, parsing and Parquet writes, away from the proxy.
+
+mitmproxy runs its event loop on one thread. Recording work on other threads
+of the same process competes with that loop for the GIL, which under load
+shows up as added time-to-first-token and lost throughput. So the proxy
+process only taps bytes (`CapturedCall.tap`), and a `WriterClient` thread
+hands each call to this child process in batches, 20 times a second:
+
+- *start* when the call's request is in,
+- *progress* for open calls four times a second, so a crash keeps their
+  partial bytes,
+- *finish* with the rest of the response, the times and the error.
+
+The child owns the `DatasetWriter`. It redacts before anything is written,
+flushes at least every half second, and snapshots open calls to
+`_inflight/`, so a call finished more than a second before any crash is on
+disk.
+
+Lifetime: the child reads its stdin until EOF. The proxy closes that pipe on a
+clean stop. If the proxy dies, even by kill -9, the kernel closes it. Either
+way the child writes everything it holds (open calls as incomplete) and
+exits, so it never outlives the proxy by more than that last flush. It runs in
+a session of its own, so a Ctrl-C or a signal to the proxy's process group
+cannot stop it before the proxy has handed over its last calls.
+
+    python -m forgerl.recorder.writer_process DATASET_ROOT   # started by WriterClient
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import BinaryIO, Iterator
+
+from .capture import CapturedCall
+
+_HEADER = struct.Struct(">Q")
+READY = b"ready"
+
+
+def _write_frame(pipe: BinaryIO, batch: list) -> None:
+    data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(_HEADER.pack(len(data)))
+    pipe.write(data)
+    pipe.flush()
+
+
+def _read_frames(pipe: BinaryIO) -> Iterator[list]:
+    """Batches until EOF; a frame cut short by the sender's death ends the stream."""
+    while True:
+        header = pipe.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return
+        (size,) = _HEADER.unpack(header)
+        data = pipe.read(size)
+        if len(data) < size:
+            return
+        yield pickle.loads(data)
+
+
+# ------------------------------------------------------------------ proxy side
+
+
+class WriterClient:
+    """The proxy's end: starts the writer process and ships calls to it from one thread.
+
+    `open`, `finish` and `configure` only append to a deque, so mitmproxy's
+    hooks stay cheap; the thread does the serialising and the pipe writes.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, tick: float = 0.05, progress_every: float = 0.25):
+        self.proc = subprocess.Popen([sys.executable, "-m", "forgerl.recorder.writer_process", str(root)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        line = self.proc.stdout.readline().strip()
+        self.proc.stdout.close()
+        if line != READY:
+            self.proc.stdin.close()
+            self.proc.wait()
+            message = line.decode(errors="replace").removeprefix("error: ")
+            raise ValueError(message or f"forgerl writer process exited with status {self.proc.returncode}")
+        self.tick, self.progress_every = tick, progress_every
+        self._seq = itertools.count(1)
+        self._events: deque[tuple[str, CapturedCall | None, object]] = deque()
+        self._open: dict[str, tuple[CapturedCall, int, dict]] = {}  # the sender thread's alone
+        self._stop = threading.Event()
+        self._broken = False
+        self._thread = threading.Thread(target=self._run, name="forgerl-writer-client", daemon=True)
+        self._thread.start()
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def configure(self, **settings: str) -> None:
+        """Settings the writer process applies to calls from now on (`redact_rules`, `labels`)."""
+        self._events.append(("config", None, settings))
+
+    def open(self, call: CapturedCall) -> None:
+        """The call's request is in: from now on a crash leaves it recoverable."""
+        self._events.append(("open", call, None))
+
+    def finish(self, call: CapturedCall, user_agent: str) -> None:
+        """The call is over (`call.finish` was called); record it."""
+        self._events.append(("finish", call, user_agent))
+
+    def close(self, timeout: float = 60) -> None:
+        """Hand over everything, then let the writer process write it and exit."""
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print("forgerl: writer process did not finish in time; its open calls stay recoverable", flush=True)
+            self.proc.kill()
+            self.proc.wait()
+
+    def _run(self) -> None:
+        next_progress = 0.0
+        while True:
+            stopping = self._stop.wait(self.tick)
+            now = time.monotonic()
+            progress = stopping or now >= next_progress
+            if progress:
+                next_progress = now + self.progress_every
+            batch = self._batch(progress)
+            if batch and not self._broken:
+                try:
+                    _write_frame(self.proc.stdin, batch)
+                except (OSError, ValueError) as e:
+                    self._broken = True
+                    print(f"forgerl: writer process is gone ({e}); calls are no longer recorded", flush=True)
+            if stopping:
+                return
+
+    def _batch(self, progress: bool) -> list:
+        batch: list = []
+        while self._events:
+            kind, call, extra = self._events.popleft()
+            if call is None:
+                batch.append(("config", extra))
+                continue
+            if call.call_id not in self._open:
+                batch.append(("start", call.start_fields()))
+                self._open[call.call_id] = (call, 0, {})
+            if kind == "finish":
+                _, sent, _ = self._open.pop(call.call_id)
+                batch.append(("finish", call.call_id, call.state(), b"".join(call.chunks[sent:]), extra))
+        if progress:
+            for call_id, (call, sent, last) in self._open.items():
+                n, state = len(call.chunks), call.state()
+                if n > sent or state != last:
+                    batch.append(("progress", call_id, state, b"".join(call.chunks[sent:n])))
+                    self._open[call_id] = (call, n, state)
+        return batch
+
+
+# ------------------------------------------------------------------ writer side
+
+
+class CallSink:
+    """Rebuilds calls from messages and records them; runs in the writer process."""
+
+    def __init__(self, writer) -> None:
+        from .redact import Redactor
+
+        self.writer = writer
+        self.redactor = Redactor()
+        self.labels: dict | None = None
+        self.calls: dict[str, CapturedCall] = {}
+
+    def handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "config":
+            self._configure(message[1])
+        elif kind == "start":
+            call = CapturedCall(**message[1])
+            self.calls[call.call_id] = call
+            self.writer.track(call.call_id, lambda full: call.to_record(self.redactor, full))
+        elif kind == "progress":
+            _, call_id, state, data = message
+            self.calls[call_id].update(state, data)
+        elif kind == "finish":
+            _, call_id, state, data, user_agent = message
+            call = self.calls.pop(call_id)
+            call.update(state, data)
+            self._record(call, user_agent)
+        else:
+            raise ValueError(f"unknown message {kind!r}")
+
+    def _configure(self, settings: dict) -> None:
+        from .redact import Redactor
+
+        if "redact_rules" in settings:
+            rules = settings["redact_rules"]
+            self.redactor = Redactor.from_file(rules) if rules else Redactor()
+        if "labels" in settings:
+            self.labels = json.loads(settings["labels"]) if settings["labels"] else None
+
+    def _record(self, call: CapturedCall, user_agent: str) -> None:
+        from .harness import detect_harness
+
+        try:
+            self.writer.add_session(call.session_id, harness=detect_harness(user_agent),
+                                    user_agent=user_agent, labels=self.labels)
+            self.writer.add_call(call.to_record(self.redactor))
+        except Exception as e:  # never let one odd call stop the recorder
+            self.writer.untrack(call.call_id)
+            print(f"forgerl: could not record call {call.call_id}: {type(e).__name__}: {e}", file=sys.stderr,
+                  flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from forgerl.schema.store import DatasetWriter
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m forgerl.recorder.writer_process DATASET_ROOT", file=sys.stderr)
+        return 2
+    ready = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed from here on is a log line, never the handshake
+    try:
+        writer = DatasetWriter(args[0])
+    except Exception as e:  # bad root, newer schema: the proxy shows this line and stops
+        ready.write(f"error: {e}\n".encode())
+        ready.close()
+        return 2
+    ready.write(READY + b"\n")
+    ready.close()
+    sink = CallSink(writer)
+    try:
+        for batch in _read_frames(sys.stdin.buffer):
+            for message in batch:
+                try:
+                    sink.handle(message)
+                except Exception as e:  # one bad message must not lose the others
+                    print(f"forgerl: writer process: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    finally:
+        writer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
