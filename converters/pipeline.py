@@ -73,15 +73,19 @@ def check_options(opts: Options) -> None:
 
 
 class _Writers:
-    def __init__(self, output: Output, target: str, shard_bytes: int):
-        self.output, self.target, self.shard_bytes = output, target, shard_bytes
+    def __init__(self, output: Output, target: str, shard_bytes: int, counts: Counter):
+        self.output, self.target, self.shard_bytes, self.counts = output, target, shard_bytes, counts
         self.writers: dict[tuple[str, str], ShardWriter] = {}
+
+    def _padding(self, rows: list[dict[str, Any]], table: pa.Table) -> None:
+        self.counts["verl_sft_rows_padded"] += verl.padded_rows(rows, table)
 
     def add(self, split: str, row: dict[str, Any], prefix: str = "part") -> None:
         key = (split, prefix)
         if key not in self.writers:
             schema = TOKEN_SCHEMA if self.target == "tokens" else None
-            self.writers[key] = ShardWriter(self.output.path(split), prefix, schema, self.shard_bytes)
+            check = self._padding if self.target == "verl-sft" else None
+            self.writers[key] = ShardWriter(self.output.path(split), prefix, schema, self.shard_bytes, check)
         self.writers[key].add(row)
 
     def close(self) -> dict[str, list[str]]:
@@ -121,7 +125,7 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
     counts: Counter = Counter()
     dropped: Counter = Counter()
     drift = DriftReport(renderer)
-    writers = _Writers(output, opts.target, opts.shard_bytes)
+    writers = _Writers(output, opts.target, opts.shard_bytes, counts)
     seen = SeenSet(output.path("dedupe.sqlite")) if opts.dedupe else None
     progress = _progress(opts.progress)
     for session in iter_sessions(root, harnesses=set(opts.harnesses) or None):

@@ -13,7 +13,7 @@ import shutil
 import sqlite3
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,8 +55,10 @@ class ShardWriter:
     """Rows of one kind to `<dir>/<prefix>-NNNNN.parquet`, a new file every `shard_bytes` of data."""
 
     def __init__(self, directory: Path, prefix: str, schema: pa.Schema | None = None,
-                 shard_bytes: int = 128 * 1024 * 1024):
+                 shard_bytes: int = 128 * 1024 * 1024,
+                 on_flush: Callable[[list[dict[str, Any]], pa.Table], None] | None = None):
         self.directory, self.prefix, self.schema, self.shard_bytes = directory, prefix, schema, shard_bytes
+        self.on_flush = on_flush
         self.rows: list[dict[str, Any]] = []
         self.bytes = 0
         self.files: list[Path] = []
@@ -76,6 +78,8 @@ class ShardWriter:
         path = self.directory / f"{self.prefix}-{len(self.files):05d}.parquet"
         table = pa.Table.from_pylist(self.rows, schema=self.schema)
         pq.write_table(table, path, compression="zstd")
+        if self.on_flush is not None:
+            self.on_flush(self.rows, table)
         self.files.append(path)
         self.rows, self.bytes = [], 0
 

@@ -5,7 +5,9 @@ of a row, so per-call rows would train each turn once per later call. Tool
 call arguments are JSON strings (what the template's `tojson` writes for the
 dict): a Parquet column cannot hold differently-keyed dicts without padding
 them with null keys, which would then be rendered. The same padding hits the
-tool schemas of the `tools` column; `tools_roundtrip` measures it.
+JSON schemas in the `tools` column (a Parquet limit, not ours to lift):
+`padded_rows` counts the rows it changes, reported in the manifest, and those
+rows' veRL ids differ from `tokens` in the tool section only.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
     prov = sample.provenance()
     row: dict[str, Any] = {
         "messages": to_chat_messages(sample.messages, arguments="json"),
-        "tools": chat_tools(sample.tools) or None,
+        "tools": chat_tools(sample.tools),  # never null: veRL hands the value to the template as is
         "enable_thinking": sample.enable_thinking,
         **{k: prov[k] for k in ("sample_id", "session_id", "segment_id", "segment_reason", "parent_segment",
                                 "harness", "model", "reward")},
@@ -89,3 +91,19 @@ def rl_row(sample: Sample, agent_name: str, index: int) -> dict[str, Any] | None
                        "tools": json.dumps(chat_tools(first.tools), ensure_ascii=False)},
     }
 
+
+
+def padded_rows(rows: list[dict[str, Any]], table: Any) -> int:
+    """Rows whose tools do not read back as written (Arrow struct padding adds null keys, which `tojson`
+    renders). Null keys added to messages are harmless: templates test them with `is defined and not none`."""
+    read = table.select(["messages", "tools"]).to_pylist()
+    return sum(1 for row, back in zip(rows, read)
+               if back["tools"] != row["tools"] or _without_nulls(back["messages"]) != row["messages"])
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
