@@ -24,8 +24,6 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,10 +32,8 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from forgerl.schema.store import DatasetWriter
-
 from .harnesses import Harness
-from .rollout import InfraError, Outcome, Rollout, now
+from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "pod-template.yaml"
 DEADLINE_GRACE_S = 300  # pod start-up, workspace, grading: on top of the task's own timeout
@@ -87,7 +83,7 @@ class PodReport:
 
 
 @dataclass
-class KubernetesRunner:
+class KubernetesRunner(BatchRunner):
     harness: Harness
     recorder_url: str  # as reachable from pods (the recorder Service)
     api: client.ApiClient
@@ -103,36 +99,10 @@ class KubernetesRunner:
     deadline_grace_s: float = DEADLINE_GRACE_S
     name: str = "kubernetes"
 
+    retry_backoff_s: float = RETRY_BACKOFF_S
+
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api)
-
-    # the batch ---------------------------------------------------------
-
-    def run(self, rollouts: Iterable[Rollout], writer: DatasetWriter,
-            on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-        def one(rollout: Rollout) -> Outcome:
-            outcome = self.run_one(rollout)
-            writer.add_outcome(outcome.row())
-            if on_done:
-                on_done(outcome)
-            return outcome
-
-        with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="pod") as pool:
-            return list(pool.map(one, rollouts))
-
-    def run_one(self, rollout: Rollout) -> Outcome:
-        errors: list[str] = []
-        t_start = now()
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(RETRY_BACKOFF_S * attempt)
-            session = rollout.new_session()
-            try:
-                return self._try(rollout, session)
-            except InfraError as e:
-                errors.append(f"{session}: {e}")
-        return Outcome(rollout, session, self.harness.name, self.name, "infra_error", t_start, now(),
-                       error="; ".join(errors), model=self.model, extra={"tries": len(errors)})
 
     # one pod -----------------------------------------------------------
 
@@ -162,7 +132,7 @@ class KubernetesRunner:
         container["resources"] = {"limits": limits, "requests": dict(limits)}
         return pod
 
-    def _try(self, rollout: Rollout, session: str) -> Outcome:
+    def attempt(self, rollout: Rollout, session: str) -> Outcome:
         pod = self.pod_manifest(rollout, session)
         name = pod["metadata"]["name"]
         t_start = now()

@@ -15,15 +15,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forgerl.schema.store import DatasetWriter
-
 from .harnesses import Harness, RunContext
-from .rollout import InfraError, Outcome, Rollout, grade_session, now, prepare_workspace
+from .rollout import BatchRunner, InfraError, Outcome, Rollout, grade_session, now, prepare_workspace
 from .sandbox import Sandbox
 
 # What a harness inherits from the runner's environment; nothing else (keys come through RunContext.env).
@@ -32,7 +28,7 @@ STDERR_TAIL = 4000
 
 
 @dataclass
-class LocalRunner:
+class LocalRunner(BatchRunner):
     harness: Harness
     recorder_url: str
     dataset: Path
@@ -43,46 +39,23 @@ class LocalRunner:
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None  # overrides every task's own timeout
     name: str = "local"
+    exe: str = ""  # the harness CLI, found when a batch starts
 
-    def run(self, rollouts: Iterable[Rollout], writer: DatasetWriter,
-            on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-        """Run every rollout (bounded parallelism); each outcome is written as soon as it is known."""
-        exe = self.harness.find()
+    def before_batch(self) -> None:
+        self.exe = self.harness.find()
 
-        def one(rollout: Rollout) -> Outcome:
-            outcome = self.run_one(rollout, exe)
-            writer.add_outcome(outcome.row())
-            if on_done:
-                on_done(outcome)
-            return outcome
-
-        with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="rollout") as pool:
-            return list(pool.map(one, rollouts))
-
-    def run_one(self, rollout: Rollout, exe: str) -> Outcome:
-        errors: list[str] = []
-        t_start = now()
-        for _ in range(self.retries + 1):
-            session = rollout.new_session()
-            try:
-                return self._try(rollout, exe, session)
-            except InfraError as e:
-                errors.append(f"{session}: {e}")
-        return Outcome(rollout, session, self.harness.name, self.name, "infra_error", t_start, now(),
-                       error="; ".join(errors), model=self.model, extra={"tries": len(errors)})
-
-    def _try(self, rollout: Rollout, exe: str, session: str) -> Outcome:
+    def attempt(self, rollout: Rollout, session: str) -> Outcome:
         tmp = Path(tempfile.mkdtemp(prefix="forgerl-rollout-"))
         timings: dict[str, float] = {}
         try:
-            outcome = self._run_in(tmp, rollout, exe, session, timings)
+            outcome = self._run_in(tmp, rollout, session, timings)
         finally:
             start = time.monotonic()
             shutil.rmtree(tmp, ignore_errors=True)
             timings["teardown"] = round(time.monotonic() - start, 4)
         return outcome
 
-    def _run_in(self, tmp: Path, rollout: Rollout, exe: str, session: str, timings: dict[str, float]) -> Outcome:
+    def _run_in(self, tmp: Path, rollout: Rollout, session: str, timings: dict[str, float]) -> Outcome:
         """Set up, run, grade; `timings` gets each phase's seconds (model time is inside `harness`)."""
         task = rollout.task
         t_start, clock = now(), time.monotonic()
@@ -91,7 +64,7 @@ class LocalRunner:
         prepare_workspace(task, workspace)
         sandbox = Sandbox(tmp, self.recorder_url, self.isolate_network)
         ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, self.model, dict(self.env))
-        argv, harness_env = self.harness.command(exe, ctx)
+        argv, harness_env = self.harness.command(self.exe, ctx)
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
         timings["setup"] = round(time.monotonic() - clock, 4)
         try:

@@ -18,9 +18,13 @@ import json
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from forgerl.schema.store import DatasetWriter
 
 from .grading import GradingError, combine, grade_workspace
 from .tasks import Task
@@ -120,3 +124,49 @@ class Outcome:
 
 def now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class BatchRunner:
+    """What both runners share: bounded parallelism, retries of infra failures, writing each outcome.
+
+    Subclasses have `harness`, `parallel`, `retries`, `model`, `name` and implement `attempt`.
+    """
+
+    retry_backoff_s: float = 0.0
+
+    def attempt(self, rollout: Rollout, session: str) -> Outcome:
+        """One try under a fresh session; raise InfraError when it was not the agent's fault."""
+        raise NotImplementedError
+
+    def before_batch(self) -> None:
+        """Checks that should fail the whole run rather than each rollout (e.g. the harness is missing)."""
+
+    def run(self, rollouts: Iterable[Rollout], writer: DatasetWriter,
+            on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+        """Run every rollout, `parallel` at once; each outcome is written as soon as it is known."""
+        self.before_batch()
+
+        def one(rollout: Rollout) -> Outcome:
+            outcome = self.run_one(rollout)
+            writer.add_outcome(outcome.row())
+            if on_done:
+                on_done(outcome)
+            return outcome
+
+        with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix=self.name) as pool:
+            return list(pool.map(one, rollouts))
+
+    def run_one(self, rollout: Rollout) -> Outcome:
+        """Try, retrying infra failures `retries` times; then an unscored `infra_error`."""
+        errors: list[str] = []
+        t_start = now()
+        for attempt in range(self.retries + 1):
+            if attempt and self.retry_backoff_s:
+                time.sleep(self.retry_backoff_s * attempt)
+            session = rollout.new_session()
+            try:
+                return self.attempt(rollout, session)
+            except InfraError as e:
+                errors.append(f"{session}: {e}")
+        return Outcome(rollout, session, self.harness.name, self.name, "infra_error", t_start, now(),
+                       error="; ".join(errors), model=self.model, extra={"tries": len(errors)})

@@ -80,3 +80,15 @@ def base_env(ctx: RunContext) -> dict[str, str]:
 def key_or_placeholder(ctx: RunContext, name: str, placeholder: str) -> str:
     """The user's key when given (it reaches the upstream; the recorder redacts it on disk), else a placeholder."""
     return ctx.env.get(name) or os.environ.get(name) or placeholder
+
+
+def write_config(ctx: RunContext, relative: str, text: str) -> None:
+    """A harness config file in the rollout's private HOME (keys stay in the environment, off disk)."""
+    path = ctx.home / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def openai_env(ctx: RunContext) -> dict[str, str]:
+    """Environment for harnesses that speak OpenAI APIs with the key in OPENAI_API_KEY."""
+    return {**base_env(ctx), "OPENAI_API_KEY": key_or_placeholder(ctx, "OPENAI_API_KEY", "sk-forgerl-placeholder")}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from forgerl.recorder.harness import codex_overrides, harness_env
 
-from .base import Harness, RunContext, base_env, key_or_placeholder
+from .base import Harness, RunContext, openai_env
 
 
 @dataclass
@@ -37,8 +37,7 @@ class Codex(Harness):
                 "--dangerously-bypass-approvals-and-sandbox", "-o", str(self._last_message(ctx))]
         if ctx.model:
             argv += ["-m", ctx.model]
-        env = {**harness_env(ctx.base_url, ctx.session), **base_env(ctx), "CODEX_HOME": str(self._home(ctx)),
-               "OPENAI_API_KEY": key_or_placeholder(ctx, "OPENAI_API_KEY", "sk-forgerl-placeholder")}
+        env = {**harness_env(ctx.base_url, ctx.session), **openai_env(ctx), "CODEX_HOME": str(self._home(ctx))}
         return [*argv, ctx.prompt], env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:

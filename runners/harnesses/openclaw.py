@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Harness, RunContext, base_env, key_or_placeholder
+from .base import Harness, RunContext, openai_env, write_config
 
 PROVIDER = "forgerl"
 
@@ -42,11 +42,8 @@ class OpenClaw(Harness):
     api: str = "chat"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
-        config = ctx.home / ".openclaw" / "openclaw.json"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(json.dumps(openclaw_config(ctx), indent=2))
-        env = {**base_env(ctx), "OPENAI_API_KEY": key_or_placeholder(ctx, "OPENAI_API_KEY", "sk-forgerl-placeholder")}
-        return [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt], env
+        write_config(ctx, ".openclaw/openclaw.json", json.dumps(openclaw_config(ctx), indent=2))
+        return [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt], openai_env(ctx)
 
     def transcript_files(self, ctx: RunContext) -> list[Path]:
         return list((ctx.home / ".openclaw" / "agents").glob("*/sessions/*.jsonl"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Harness, RunContext, base_env, key_or_placeholder
+from .base import Harness, RunContext, openai_env, write_config
 
 
 def zeroclaw_config(ctx: RunContext) -> str:
@@ -27,8 +27,5 @@ class ZeroClaw(Harness):
     api: str = "chat"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
-        config = ctx.home / ".zeroclaw" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(zeroclaw_config(ctx))
-        env = {**base_env(ctx), "OPENAI_API_KEY": key_or_placeholder(ctx, "OPENAI_API_KEY", "sk-forgerl-placeholder")}
-        return [exe, "agent", "-m", ctx.prompt], env
+        write_config(ctx, ".zeroclaw/config.toml", zeroclaw_config(ctx))
+        return [exe, "agent", "-m", ctx.prompt], openai_env(ctx)
