@@ -20,7 +20,8 @@ and the task's reward.
 
 Registered as `forgerl_harness`; the YAML for `agent_loop_config_path` that
 `forge-train rl` writes passes the harness, task source and dataset root.
-The row's `extra_info` names its task: `{"task_path": FILE_OR_DIR, "task_id": ID}`.
+The row's `extra_info.task_id` names its task in the loop's `tasks` source
+(`forge-train rl --tasks`); a row may carry its own `extra_info.task_path`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from forgerl.recorder.serve import PolicyGateway
 from forgerl.runners.harnesses import get_harness
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Outcome, Rollout
-from forgerl.runners.tasks import find_task, load_task
+from forgerl.runners.tasks import Task, find_task, load_task
 from forgerl.schema.store import read_table
 
 from .trajectory import segments
@@ -71,12 +72,13 @@ class VerlPolicy:
 
 @register("forgerl_harness")
 class HarnessAgentLoop(AgentLoopBase):
-    def __init__(self, *args: Any, harness: str = "claude-code", dataset: str = "forge-rollouts",
+    def __init__(self, *args: Any, harness: str = "claude-code", tasks: str = "", dataset: str = "forge-rollouts",
                  served_model: str = "policy", policy_version: str = "", timeout_s: float | None = None,
                  isolate_network: bool = True, env: dict[str, str] | None = None, **kwargs: Any):
         kwargs.pop("name", None)  # the registry entry's own name, passed along by hydra
         super().__init__(*args, **kwargs)
         self.harness = get_harness(harness)
+        self.tasks = tasks
         self.dataset = Path(dataset)
         self.served_model = served_model
         self.policy_version = policy_version
@@ -89,7 +91,7 @@ class HarnessAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         info = kwargs.get("extra_info") or {}
-        task = _task(info)
+        task = _task(info, self.tasks)
         policy = VerlPolicy(self.server_manager, sampling_params, uuid.uuid4().hex, self.eos_id)
         gateway = PolicyGateway(policy, self.tokenizer, self.served_model, policy_version=self.policy_version or None,
                                 sampling=Sampling(max_tokens=self.response_length))
@@ -143,9 +145,10 @@ class HarnessAgentLoop(AgentLoopBase):
                                metrics=AgentLoopMetrics(), extra_fields=extra)
 
 
-def _task(info: dict[str, Any]) -> Any:
-    path = info.get("task_path")
+def _task(info: dict[str, Any], tasks: str) -> Task:
+    """The row's task: `extra_info.task_id` in the loop's task source (or the row's own `task_path`)."""
+    path = info.get("task_path") or tasks
     if not path:
-        raise ValueError("prompt row has no extra_info.task_path: forge-train rl writes it for every row")
+        raise ValueError("no task source: set `tasks` in the agent loop config or extra_info.task_path in the row")
     task_id = info.get("task_id")
     return find_task(Path(path), task_id) if task_id else load_task(Path(path))
