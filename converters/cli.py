@@ -13,7 +13,7 @@ from forgerl.schema.store import DatasetError
 
 from .filters import Filters
 from .pipeline import TARGETS, Options, UsageError, convert
-from .tokens import TokenizerError
+from .tokenizer import TokenizerError
 
 EPILOG = """\
 modes:

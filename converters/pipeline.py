@@ -24,7 +24,8 @@ from .samples import Mode, samples
 from .shards import Output, SeenSet, ShardWriter, split_of
 from .source import blob_bytes, check_dataset, iter_sessions
 from .threads import segment_session
-from .tokens import Renderer, load_tokenizer, tokenize, token_row, tokenizer_hash
+from .tokenizer import load_tokenizer, tokenizer_hash
+from .tokens import Renderer, tokenize, token_row
 
 TARGETS = ("verl-sft", "verl-rl", "tokens", "atif")
 

@@ -19,46 +19,14 @@ with the generation prompt, then the rest of the full render.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator
 
 from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
-from forgerl.schema.messages import canonical_json
 
 from .samples import Sample
-
-
-class TokenizerError(ValueError):
-    """The tokenizer cannot be loaded or has no chat template."""
-
-
-def load_tokenizer(name: str) -> Any:
-    """A transformers tokenizer with a chat template, from a path or an (offline-cached) hub name."""
-    import os
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as e:
-        raise TokenizerError(f"--tokenizer {name}: cannot load: {str(e).splitlines()[0]}") from None
-    if not getattr(tokenizer, "chat_template", None):
-        raise TokenizerError(f"--tokenizer {name}: the tokenizer has no chat template")
-    return tokenizer
-
-
-def tokenizer_hash(tokenizer: Any) -> str:
-    """sha256 over the vocabulary and the chat template: what makes two tokenizers give the same ids."""
-    h = hashlib.sha256()
-    h.update(canonical_json(sorted(tokenizer.get_vocab().items())).encode())
-    h.update((tokenizer.chat_template or "").encode())
-    return h.hexdigest()
 
 
 @dataclass

@@ -1,0 +1,102 @@
+"""Loading the tokenizer: a light local one when possible, transformers' AutoTokenizer otherwise.
+
+`AutoTokenizer` imports torch and most of transformers (10-20 s here), which
+dominates short conversions. A local tokenizer directory (tokenizer.json +
+tokenizer_config.json with a chat template) needs only the `tokenizers`
+library and transformers' own Jinja renderer, so `LocalTokenizer` gives the
+same text and ids as `apply_chat_template` (the tests check it against veRL,
+which uses AutoTokenizer) at a fraction of the start-up cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from forgerl.schema.messages import canonical_json
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class TokenizerError(ValueError):
+    """The tokenizer cannot be loaded or has no chat template."""
+
+
+class LocalTokenizer:
+    """The parts of a transformers tokenizer the converters use, from a local directory."""
+
+    def __init__(self, directory: Path):
+        from tokenizers import Tokenizer
+
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        template_file = directory / "chat_template.jinja"
+        self.chat_template = template_file.read_text() if template_file.exists() else config.get("chat_template")
+        if isinstance(self.chat_template, list):  # named templates: the default one
+            self.chat_template = next((t["template"] for t in self.chat_template if t.get("name") == "default"), None)
+        self.source = (directory / "tokenizer.json").read_bytes()
+        self.backend_tokenizer = Tokenizer.from_str(self.source.decode("utf-8"))
+        self.special_tokens_map = {k: v.get("content") if isinstance(v, dict) else v
+                                   for k in _SPECIAL if (v := config.get(k)) is not None}
+        self.eos_token = self.special_tokens_map.get("eos_token")
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, tokenize: bool = False,
+                            add_generation_prompt: bool = False, **kwargs: Any) -> str:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        if tokenize:
+            raise ValueError("LocalTokenizer renders text; encode it with encode()")
+        rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=self.chat_template,
+                                            add_generation_prompt=add_generation_prompt,
+                                            **{**self.special_tokens_map, **kwargs})
+        return rendered[0]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        return self.backend_tokenizer.token_to_id(token)
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(name: str) -> Any:
+    """A tokenizer with a chat template, from a local directory or an (offline-cached) hub name (read once)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    path = Path(name)
+    if (path / "tokenizer.json").is_file() and (path / "tokenizer_config.json").is_file():
+        try:
+            tokenizer: Any = LocalTokenizer(path)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
+            raise TokenizerError(f"--tokenizer {name}: cannot load: {str(e).splitlines()[0]}") from None
+    else:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"--tokenizer {name}: cannot load: {str(e).splitlines()[0]}") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise TokenizerError(f"--tokenizer {name}: the tokenizer has no chat template")
+    return tokenizer
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """sha256 over the tokenizer (tokenizer.json, or the vocabulary) and the chat template."""
+    h = hashlib.sha256()
+    if isinstance(tokenizer, LocalTokenizer):
+        h.update(tokenizer.source)
+    else:
+        h.update(canonical_json(sorted(tokenizer.get_vocab().items())).encode())
+    h.update((tokenizer.chat_template or "").encode())
+    return h.hexdigest()
