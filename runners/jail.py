@@ -2,18 +2,21 @@
 
     python -m forgerl.runners.jail [--cgroup DIR] [--cpu-seconds N] [--bridge-port P --bridge-unix SOCK] -- ARGV...
 
-Under `unshare --net --pid --fork --kill-child` it is PID 1 of a fresh PID
+It is a child subreaper: when the harness exits, whatever it left running
+(daemonised children included) is re-parented here and killed. Under
+`unshare --net --pid --fork --kill-child` it is also PID 1 of a fresh PID
 namespace with a network namespace of its own: when it exits (or its
 `unshare` parent is killed) the kernel kills every process left in the
 namespace, so a harness's children cannot outlive the rollout. Inside the
 network namespace it also answers DNS with "no such name" (see
-`dns_fails_fast`). Its exit
-status is the harness's (128 + signal when killed by one).
+`dns_fails_fast`). Its exit status is the harness's (128 + signal when
+killed by one).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import os
 import resource
@@ -27,6 +30,7 @@ import threading
 from .bridge import forward, unix_connector
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def loopback_up() -> None:
@@ -82,6 +86,40 @@ def dns_fails_fast(resolv_conf: str = "/etc/resolv.conf") -> None:
         threading.Thread(target=_answer_dns, args=(sock,), daemon=True).start()
 
 
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented to this process instead of init, so it can find them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def kill_descendants() -> None:
+    """Kill and reap every process left under this one (children that daemonised included)."""
+    me = os.getpid()
+    while True:
+        children = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if ppid == me:
+                    children.append(int(entry))
+        if not children:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="forgerl-jail")
     p.add_argument("--cgroup", default="")
@@ -101,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         dns_fails_fast()
         listener = socket.create_server(("127.0.0.1", args.bridge_port), backlog=256)
         forward(listener, unix_connector(args.bridge_unix))
+    become_subreaper()
     try:
         child = subprocess.Popen(cmd)
     except OSError as e:
@@ -108,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         return 127
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     code = child.wait()
+    if os.getpid() != 1:  # PID 1 of a namespace: the kernel kills the rest (and /proc shows the host's)
+        kill_descendants()
     return 128 - code if code < 0 else code
 
 

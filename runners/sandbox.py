@@ -10,8 +10,9 @@ which, and every outcome records it):
   isolated: the harness is only pointed at the recorder.
 * processes: `--pid --fork --kill-child` makes the jail PID 1 of its own PID
   namespace, so every descendant dies with it, even ones that `setsid` away.
-  Always also: a process group killed on timeout and exit, and a sweep of
-  the rollout's cgroup.
+  Always also: the jail is a child subreaper that kills what the harness
+  left behind, the process group is killed on timeout and exit, and the
+  rollout's cgroup (if any) is swept.
 * memory: a cgroup (v1 `memory.limit_in_bytes` or v2 `memory.max`) under the
   runner's own, when writable. (RLIMIT_AS is not used: Node reserves far more
   address space than it uses.)
@@ -126,7 +127,8 @@ class Sandbox:
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, *, timeout_s: float, cpu_s: int,
             memory_mb: int) -> Result:
         """Run to completion or timeout; always kill what is left and release the cgroup and bridge."""
-        self._make_cgroup(memory_mb)
+        if memory_mb > 0:  # 0: no memory limit (and no cgroup)
+            self._make_cgroup(memory_mb)
         out_path, err_path = self.tmp / "stdout.log", self.tmp / "stderr.log"
         start = time.monotonic()
         timed_out = False

@@ -90,16 +90,19 @@ def test_hanging_harness_times_out_keeps_its_reward_and_leaves_nothing(stack):
     assert rollout_processes(marker) == []
 
 
-@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "no-namespaces"])
-def test_a_child_that_escapes_the_process_group_is_killed(stack, isolate):
+@pytest.mark.parametrize("isolate, memory_mb", [(True, 1024), (False, 1024), (False, 0)],
+                         ids=["namespaces", "no-namespaces", "no-namespaces-no-cgroup"])
+def test_a_child_that_escapes_the_process_group_is_killed(stack, isolate, memory_mb):
     marker = f"forgerl-orphan-{uuid.uuid4().hex[:8]}"
     code = (write_scores({"a": 1.0})
             + "import subprocess\n"
             + f"subprocess.Popen(['python3', '-c', 'import os, time; os.setsid(); time.sleep(300) # {marker}'],"
             + " start_new_session=True)\n")
-    outcome, _ = run(stack, code, isolate=isolate)
+    outcome, _ = run(stack, code, isolate=isolate, memory_mb=memory_mb)
     assert outcome.status == "success"
     assert rollout_processes(marker) == [], "a child outlived its rollout"
+    assert any("memory" in e for e in outcome.extra["enforced"]) == (memory_mb > 0 and "cgroup" in str(
+        outcome.extra["enforced"]))
 
 
 @pytest.mark.skipif(not can_unshare(), reason="no network namespaces on this machine (see runners/README.md)")
