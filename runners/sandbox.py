@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -99,7 +100,7 @@ class Sandbox:
         if found is None:
             return
         base, limit_file = found
-        path = base / f"forgerl-{self.tmp.name}"
+        path = base / f"forgerl-{uuid.uuid4().hex[:12]}"  # unique: pods on one node all have a /work
         try:
             path.mkdir()
             (path / limit_file).write_text(str(memory_mb * 1024 * 1024))
