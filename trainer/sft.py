@@ -5,6 +5,18 @@ converter's `verl_config.yaml` (its `max_length`); rows carry `messages`,
 `tools` and `enable_thinking`, the keys veRL's `MultiTurnSFTDataset` reads.
 `data.truncation=error`: veRL refuses a row longer than `max_length` rather
 than cutting it.
+
+veRL renders each message alone, concatenates, and raises when that differs
+from rendering the whole conversation. With Qwen3-style templates agent
+threads with reasoning always differ, and neither render is what the model
+generated: the whole render strips `<think>` from turns before the last user
+message, and a message rendered alone loses its `<think>` too (the template
+keeps reasoning only after a user query). So the launcher keeps veRL's check
+by default (a mismatching row stops the run, never trains silently);
+`--accept-template-mismatch` sets `data.ignore_input_ids_mismatch=True` and
+trains such rows without their reasoning. The exact sequence (engine ids,
+reasoning included) is in `forge-convert --to tokens` shards, which
+`sft_loop.py` trains on.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
         f"data.max_length={args.max_length or recorded_max or 32768}",
         "data.truncation=error",
         "data.pad_mode=no_padding",
+        f"data.ignore_input_ids_mismatch={args.accept_template_mismatch}",
         "data.messages_key=messages", "data.tools_key=tools", "data.enable_thinking_key=enable_thinking",
         f"data.train_batch_size={args.batch_size}",
         f"data.micro_batch_size_per_gpu={args.micro_batch_size}",
@@ -61,6 +74,9 @@ def overrides(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     config = write_config(Path(args.out), "sft_config", compose("sft_trainer_engine", overrides(args)))
     print(f"# veRL SFT config: {config}", flush=True)
+    if args.accept_template_mismatch:
+        print("# data.ignore_input_ids_mismatch=True: rows whose per-turn and whole renders differ train on the "
+              "per-turn render, without the reasoning of those turns", flush=True)
     if args.dry_run:
         print(config.read_text(), end="")
     return run(module_command("verl.trainer.sft_trainer", config, args.nproc), args.dry_run)
@@ -78,6 +94,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--max-length", type=int, default=0, help="max tokens per row (default: the converter's)")
     p.add_argument("--name", default="run", help="experiment name")
+    p.add_argument("--accept-template-mismatch", action="store_true",
+                   help="train rows whose per-turn render differs from the whole render (reasoning dropped)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="any further veRL override, repeatable")
     p.add_argument("--dry-run", action="store_true", help="print the config and the command, run nothing")
