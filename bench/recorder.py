@@ -10,14 +10,17 @@ The same load goes through each configuration in turn:
 
     direct              no proxy
     mitmdump            bare `mitmdump -q --mode reverse:UP@127.0.0.1:PORT --set stream_large_bodies=1`
-    forge-record        `forge-record serve --upstream UP --listen 127.0.0.1:PORT --out DIR`
+    forge-record        `forge-record serve --upstream UP --listen 127.0.0.1:PORT --out DIR`: its own tuned
+                        set-up (only the mitmproxy addons a recorder needs, connection_strategy=lazy,
+                        recording in a writer process; see recorder/proxy.py and writer_process.py)
     mitmdump-tuned      bare mitmdump + the TUNED options below
     forge-addon-tuned   `mitmdump -q -s recorder/addon.py --mode ... --set forge_out=DIR` + TUNED
 
 Trials are interleaved (every configuration once per trial, in rotated
 order) and the tables show the median over trials of each per-trial figure,
 so slow drift and other processes on the machine hit every configuration
-alike. The targets (DESIGN.md §9) are ratios against bare mitmdump; absolute
+alike. "proxy CPU" counts the proxy and its children (forge-record's writer
+process). The targets (DESIGN.md §9) are ratios against bare mitmdump; absolute
 times are printed but never judged. Exit status is 0 unless something broke
 (a failed or lost stream, a proxy that would not start).
 """

@@ -14,8 +14,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mitmproxy import master as mitm_master
 from mitmproxy import options
-from mitmproxy.tools.dump import DumpMaster
+from mitmproxy.addons import (block, core, disable_h2c, dns_resolver, errorcheck, next_layer, onboarding,
+                              proxyserver, tlsconfig, update_alt_svc)
 
 from .addon import Recorder, Upstream
 from .redact import Redactor
@@ -80,11 +82,30 @@ def _ignore_cancelled(loop: asyncio.AbstractEventLoop, context: dict) -> None:
         loop.default_exception_handler(context)
 
 
-def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tuple[DumpMaster, _Ready]:
+def proxy_addons(forward: bool) -> list:
+    """The mitmproxy addons a recording proxy needs, and no more.
+
+    mitmproxy offers every hook of every flow to every addon; `mitmdump` loads
+    about 35 (playback, map-local, cookies, export...), which on a busy machine
+    costs more CPU per request than recording does. These are the ones this job
+    uses: the proxy itself, TLS (https upstreams, forward mode), non-local
+    client blocking, Alt-Svc rewriting (so clients do not bypass a reverse
+    proxy), startup error checks, and mitm.it CA onboarding in forward mode.
+    """
+    addons = [core.Core(), block.Block(), disable_h2c.DisableH2C(), proxyserver.Proxyserver(),
+              dns_resolver.DnsResolver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
+              update_alt_svc.UpdateAltSvc(), errorcheck.ErrorCheck()]
+    if forward:
+        addons.append(onboarding.Onboarding())
+    return addons
+
+
+def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tuple[mitm_master.Master, _Ready]:
     listen = f"@{config.listen_host}:{config.listen_port}"
     mode = f"regular{listen}" if config.forward else f"reverse:{config.upstream_openai}{listen}"
     opts = options.Options(mode=[mode], confdir=config.confdir)
-    master = DumpMaster(opts, loop=loop, with_termlog=True, with_dumper=False)
+    master = mitm_master.Master(opts, event_loop=loop, with_termlog=True)
+    master.addons.add(*proxy_addons(config.forward))
     ready = _Ready()
     master.addons.add(Recorder(), ready)
     opts.update(
@@ -133,7 +154,7 @@ class BackgroundRecorder:
     def __init__(self, config: RecorderConfig):
         self.config = config
         self._thread: threading.Thread | None = None
-        self._master: DumpMaster | None = None
+        self._master: mitm_master.Master | None = None
         self._ready: _Ready | None = None
         self._failure: BaseException | None = None
         self._built = threading.Event()

@@ -28,6 +28,7 @@ cannot stop it before the proxy has handed over its last calls.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -44,6 +45,7 @@ from .capture import CapturedCall
 
 _HEADER = struct.Struct(">Q")
 READY = b"ready"
+PIPE_SIZE = 1 << 20
 
 
 def _write_frame(pipe: BinaryIO, batch: list) -> None:
@@ -86,6 +88,10 @@ class WriterClient:
             self.proc.wait()
             message = line.decode(errors="replace").removeprefix("error: ")
             raise ValueError(message or f"forgerl writer process exited with status {self.proc.returncode}")
+        try:  # room for a burst in the kernel, where it survives our death, rather than in our memory
+            fcntl.fcntl(self.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass  # above /proc/sys/fs/pipe-max-size: the default size still works
         self.tick, self.progress_every = tick, progress_every
         self._seq = itertools.count(1)
         self._events: deque[tuple[str, CapturedCall | None, object]] = deque()
