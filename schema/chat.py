@@ -18,7 +18,8 @@ policy-serving mode render the same history the same way:
 - images -> the `<image>` placeholder in the text (veRL's multimodal
   convention); `image_refs` lists their blob hashes in the same order.
 - `other` parts (server-tool blocks, unknown items) carry nothing a chat
-  template can show and are left out.
+  template can show and are left out; a message holding only such parts
+  (e.g. an opaque item Codex replays first) is left out whole.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def to_chat_messages(messages: list[Message], *, arguments: ArgumentsForm = "dic
     """Canonical messages as chat-template dicts (HF / veRL / vLLM convention)."""
     out: list[dict[str, Any]] = []
     for message in messages:
+        if message.parts and all(p.type == "other" for p in message.parts):
+            continue
         if message.role in ("system", "developer"):
             out.append({"role": "system", "content": _text_of(message.parts, image_placeholder)})
         elif message.role == "assistant":
