@@ -46,6 +46,10 @@ def _snapshot_statuses() -> str:
     return f"CASE {whens} END"
 
 
+def _lit_list(values: list[str]) -> str:
+    return "[" + ", ".join(map(_lit, values)) + "]"
+
+
 def _names(names: tuple[str, ...]) -> str:
     return ", ".join(map(_lit, names))
 
@@ -53,61 +57,73 @@ def _names(names: tuple[str, ...]) -> str:
 TURNS = """
 SELECT session_id, call_id,
        row_number() OVER (PARTITION BY session_id ORDER BY t_start, seq, call_id) AS turn,
-       t_start, t_end, api, coalesce(model_returned, model_requested) AS model, stop_reason,
-       input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
-       output_refs
+       t_start, coalesce(model_returned, model_requested) AS model, output_refs
 FROM calls WHERE len(output_refs) > 0
 """
 
+# Paths read from a tool call's arguments, parsed once per call: [command keys, path keys, target keys, patch].
+_ARG_PATHS = [*(f"$.{k}" for k in (*kinds.COMMAND_KEYS, *kinds.PATH_KEYS, *kinds.TARGET_KEYS)), "$.input", "$.patch"]
+_N_CMD, _N_PATH, _N_TARGET = len(kinds.COMMAND_KEYS), len(kinds.PATH_KEYS), len(kinds.TARGET_KEYS)
+
+
+def _slot(first: int, count: int) -> str:
+    return "coalesce(" + ", ".join(f"v[{i}]" for i in range(first, first + count)) + ")"
+
+
+# A tool call part is written with the call whose output first held it (`messages.call_id`), so its turn
+# is that call's and its position its index in that call's output_refs.
 TOOL_CALLS = f"""
-WITH refs AS (
-  SELECT session_id, call_id, turn, unnest(output_refs) AS part_hash, generate_subscripts(output_refs, 1) AS pos
-  FROM turns),
-raw AS (
-  SELECT r.session_id, r.call_id, r.turn, r.pos, r.turn * 100000 + r.pos AS step,
+WITH raw AS (
+  SELECT m.session_id, m.call_id, t.turn, list_position(t.output_refs, m.part_hash) AS pos,
          m.tool_call_id, m.tool_name, m.arguments, coalesce(k.kind, 'other') AS declared_kind,
-         try(m.arguments::JSON) AS args
-  FROM refs r JOIN messages m ON m.session_id = r.session_id AND m.part_hash = r.part_hash
+         json_extract_string(try(m.arguments::JSON), {_lit_list(_ARG_PATHS)}) AS v
+  FROM messages m JOIN turns t ON t.call_id = m.call_id
   LEFT JOIN tool_kinds k ON k.tool_name = m.tool_name
-  WHERE m.part_type = 'tool_call'),
-cmd AS (
-  SELECT *,
-    CASE WHEN json_type(args, '$.command') = 'ARRAY' THEN (
-           WITH l AS (SELECT json_extract_string(args, '$.command[*]') AS a)
-           SELECT CASE WHEN len(a) >= 3 AND regexp_matches(a[1], '(^|/)(ba|z)?sh$') AND a[2] IN ('-c', '-lc')
-                       THEN a[3] ELSE array_to_string(a, ' ') END FROM l)
-         ELSE {_coalesce_keys(kinds.COMMAND_KEYS)} END AS command
+  WHERE m.part_type = 'tool_call' AND m.direction = 'output'),
+cmd0 AS (
+  SELECT * EXCLUDE (v), {_slot(1, _N_CMD)} AS cmd_raw,
+    {_slot(1 + _N_CMD, _N_PATH)} AS arg_path,
+    {_slot(1 + _N_CMD + _N_PATH, _N_TARGET)} AS arg_target,
+    coalesce(v[{len(_ARG_PATHS) - 1}], v[{len(_ARG_PATHS)}], CASE WHEN v IS NULL THEN arguments END) AS patch
   FROM raw),
+cmd1 AS (  -- a command given as a list (["bash", "-lc", S]) arrives as its JSON text
+  SELECT *, CASE WHEN starts_with(ltrim(cmd_raw), '[') THEN try(json_extract_string(cmd_raw, '$[*]')) END AS argv
+  FROM cmd0),
+cmd AS (
+  SELECT * EXCLUDE (cmd_raw, argv),
+    CASE WHEN argv IS NULL THEN cmd_raw
+         WHEN len(argv) >= 3 AND regexp_matches(argv[1], '(^|/)(ba|z)?sh$') AND argv[2] IN ('-c', '-lc') THEN argv[3]
+         ELSE array_to_string(argv, ' ') END AS command
+  FROM cmd1),
 tok AS (
-  SELECT *, regexp_replace(trim(command), '^(cd\\s+[^;&|]+?\\s*(&&|;)\\s*)+', '') AS command_line,
-         string_split_regex(trim(regexp_replace(trim(command), '^(cd\\s+[^;&|]+?\\s*(&&|;)\\s*)+', '')), '\\s+')
-           AS tokens
+  SELECT *, CASE WHEN starts_with(ltrim(command), 'cd ')
+                 THEN regexp_replace(trim(command), '^(cd\\s+[^;&|]+?\\s*(&&|;)\\s*)+', '')
+                 ELSE trim(command) END AS command_line
   FROM cmd),
 prog AS (
-  SELECT *, CASE WHEN command IS NOT NULL THEN regexp_replace(tokens[1], '^.*/', '') END AS program,
-         CASE WHEN command IS NOT NULL THEN list_filter(tokens[2:], lambda x: NOT starts_with(x, '-'))[1] END AS program_arg
-  FROM tok),
+  SELECT *, string_split_regex(command_line, '\\s+') AS tokens FROM tok),
 kinded AS (
-  SELECT *, CASE WHEN program = 'apply_patch' THEN 'write' ELSE declared_kind END AS kind,
-         coalesce({_coalesce_keys(kinds.PATH_KEYS)},
-                  nullif(regexp_extract(coalesce(json_extract_string(args, '$.input'),
-                                                 json_extract_string(args, '$.patch'),
-                                                 CASE WHEN args IS NULL THEN arguments END, command, ''),
-                                        {_lit(kinds.PATCH_FILE)}, 1), '')) AS path
+  SELECT *, CASE WHEN command IS NOT NULL THEN regexp_replace(tokens[1], '^.*/', '') END AS program,
+         CASE WHEN command IS NOT NULL THEN list_filter(tokens[2:], lambda x: NOT starts_with(x, '-'))[1] END
+           AS program_arg,
+         coalesce(arg_path, CASE WHEN patch IS NOT NULL OR command IS NOT NULL THEN
+                  nullif(regexp_extract(coalesce(patch, command), {_lit(kinds.PATCH_FILE)}, 1), '') END) AS path
   FROM prog)
-SELECT session_id, call_id, turn, pos, step, tool_call_id, tool_name, kind, arguments, path, command,
+SELECT session_id, call_id, turn, pos, turn * 100000 + pos AS step, tool_call_id, tool_name,
+       CASE WHEN program = 'apply_patch' THEN 'write' ELSE declared_kind END AS kind, arguments, path, command,
        command_line, program, program_arg,
        coalesce(path, CASE WHEN command IS NOT NULL THEN program || coalesce(' ' || program_arg, '') END,
-                {_coalesce_keys(kinds.TARGET_KEYS)}, tool_name) AS target,
-       CASE WHEN kind = 'shell' THEN {_first_match('command_line', kinds.CHECK_COMMANDS)} END AS check_kind,
-       count(*) OVER (PARTITION BY session_id, call_id) > 1 AS parallel
+                arg_target, tool_name) AS target,
+       CASE WHEN declared_kind = 'shell' AND program <> 'apply_patch'
+            THEN {_first_match('command_line', kinds.CHECK_COMMANDS)} END AS check_kind
 FROM kinded
 """
 
 TOOL_RESULTS = f"""
 WITH r AS (
   SELECT session_id, tool_call_id, is_error,
-         coalesce(text, array_to_string(json_extract_string(part, '$.content[*].text'), chr(10)), '') AS content
+         CASE WHEN text IS NOT NULL THEN text
+              ELSE coalesce(array_to_string(json_extract_string(part, '$.content[*].text'), chr(10)), '') END AS content
   FROM messages WHERE part_type = 'tool_result'),
 g AS (
   SELECT session_id, tool_call_id, bool_or(coalesce(is_error, false)) AS is_error, first(content) AS content,
@@ -247,10 +263,14 @@ FROM ids LEFT JOIN h USING (session_id) LEFT JOIN o USING (session_id) LEFT JOIN
 SESSION_METRICS = """
 WITH t AS (
   SELECT session_id, count(*) AS turns FROM turns GROUP BY 1),
+per_call AS (
+  SELECT session_id, call_id, count(*) AS n, count(*) FILTER (WHERE kind = 'subagent') AS subagent,
+         count(*) FILTER (WHERE kind = 'write') AS writes
+  FROM tool_calls GROUP BY ALL),
 tc AS (
-  SELECT session_id, count(*) AS tool_calls, count(DISTINCT call_id) FILTER (WHERE parallel) AS parallel_turns,
-         count(*) FILTER (WHERE kind = 'subagent') AS subagent_calls, count(*) FILTER (WHERE kind = 'write') AS writes
-  FROM tool_calls GROUP BY 1),
+  SELECT session_id, sum(n) AS tool_calls, count(*) FILTER (WHERE n > 1) AS parallel_turns,
+         sum(subagent) AS subagent_calls, sum(writes) AS writes
+  FROM per_call GROUP BY 1),
 tr AS (SELECT session_id, count(*) FILTER (WHERE failed) AS failed_results FROM tool_results GROUP BY 1),
 ut AS (
   SELECT session_id, count(*) FILTER (WHERE written_by = 'human') AS human_turns,

@@ -47,16 +47,19 @@ def test_session_metrics_match_hand_labels(dataset, session):
 
 def test_tool_calls_carry_kinds_targets_and_checks(dataset):
     con = connect(dataset)
-    rows = con.execute("SELECT tool_name, kind, target, check_kind, parallel FROM tool_calls "
+    rows = con.execute("SELECT turn, pos, tool_name, kind, target, check_kind FROM tool_calls "
                        "WHERE session_id = 'codex-patch' ORDER BY step").fetchall()
     assert rows == [
-        ("update_plan", "plan", "update_plan", None, False),
-        ("apply_patch", "write", "hello.py", None, False),
-        ("exec_command", "shell", "python hello.py", "run", False),
-        ("apply_patch", "write", "hello.py", None, False),
-        ("exec_command", "shell", "python hello.py", "run", False),
-        ("update_plan", "plan", "update_plan", None, False),
+        (1, 1, "update_plan", "plan", "update_plan", None),
+        (2, 1, "apply_patch", "write", "hello.py", None),
+        (3, 1, "exec_command", "shell", "python hello.py", "run"),
+        (4, 1, "apply_patch", "write", "hello.py", None),
+        (5, 1, "exec_command", "shell", "python hello.py", "run"),
+        (6, 1, "update_plan", "plan", "update_plan", None),
     ]
+    parallel = con.execute("SELECT turn, list(pos ORDER BY pos), list(target ORDER BY pos) FROM tool_calls "
+                           "WHERE session_id = 'cc-giveup-parallel' GROUP BY turn").fetchall()
+    assert parallel == [(1, [1, 2, 3], ["/w/missing.txt", "TODO", "*.py"])]
     failed = con.execute("SELECT tool_call_id, is_error, exit_code, failed FROM tool_results "
                          "WHERE session_id = 'cc-recover2' ORDER BY tool_call_id").fetchall()
     assert failed == [("toolu_r1", True, 1, True), ("toolu_r2", False, 1, True), ("toolu_r3", False, None, False),
