@@ -111,6 +111,7 @@ def session_trajectory(session: Session, segments: list[Segment]) -> dict[str, A
     subs = [s for s in segments if s.reason == "subagent"]
     agent = session.harness or "unknown"
     doc = _trajectory(session, main or segments[:1], agent, f"{session.session_id}:main")
+    doc["extra"]["segments"] = [s.info() for s in segments]  # the whole tree, subagents included
     if subs:
         doc["subagent_trajectories"] = [_trajectory(session, [s], agent, s.segment_id) for s in subs]
     return atif.Trajectory.model_validate(doc).model_dump(mode="json", exclude_none=True)

@@ -94,8 +94,8 @@ def _connect(root: Path) -> duckdb.DuckDBPyConnection:
         if files:
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
         else:
-            con.register(f"_empty_{table}", schema.empty_table())
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
+            con.register(f"_empty_{table}", schema.empty_table())  # a real table: cursors see it too
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM _empty_{table}")
     return con
 
 

@@ -10,7 +10,9 @@ Anything else starts a new segment, linked to the segment it came from:
 - `subagent`: a fresh conversation while another segment waits on a call to
   a subagent tool (Claude Code's `Agent`, formerly `Task`), interleaved;
 - `tools_changed`: the history continues but the offered tools differ;
-- `edited_history`: the input shares a prefix with a segment, then differs;
+- `edited_history`: the input shares a prefix with a segment, then differs,
+  or (a resumed harness rewriting its first messages) shares at least two
+  messages with it;
 - `new_conversation` / `start`: nothing in common with what came before.
 
 Messages are compared by their chat-template form without reasoning (some
@@ -126,7 +128,11 @@ def _new_segment(segments: list[Segment], call: Call, keys: list[str], tools_key
         waiting = [s for s in segments if _waits_on_subagent(s)]
         if waiting:
             return child("subagent", waiting[-1])
-        return Segment(call.row["session_id"], index, "new_conversation", None, None)
+        # a resumed harness may rewrite early messages (fresh reminders): shared messages still link it
+        shared_set = [(len(set(keys[system:]) & set(s.keys)), s) for s in segments]
+        overlap, best = max(shared_set, key=lambda x: (x[0], x[1].index))
+        if overlap < 2:
+            return Segment(call.row["session_id"], index, "new_conversation", None, None)
     return child("edited_history", best)
 
 

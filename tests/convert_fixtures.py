@@ -19,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -211,3 +213,13 @@ def record_chat_dataset(out: Path, recorder_cls: Any) -> Path:
         rec.stop()
         upstream.stop()
     return out
+
+
+@pytest.fixture(scope="session")
+def chat_dataset(tmp_path_factory) -> Path:
+    """The chat sessions, recorded once per test session (import this fixture into a test module)."""
+    from conftest import RecorderProcess, session_calls
+
+    root = record_chat_dataset(tmp_path_factory.mktemp("convert-chat") / "data", RecorderProcess)
+    session_calls(root, "chat-plain", 2)
+    return root

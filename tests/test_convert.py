@@ -19,15 +19,13 @@ from forgerl.converters.cli import main
 from forgerl.schema.chat import chat_tools
 from forgerl.schema import store
 
-from conftest import RecorderProcess, session_calls
-from convert_fixtures import TOKENIZER_DIR, qwen_tokenizer, record_chat_dataset
+from conftest import session_calls
+from convert_fixtures import TOKENIZER_DIR, chat_dataset, qwen_tokenizer  # noqa: F401 - chat_dataset is a fixture
 
 
-@pytest.fixture(scope="module")
-def chat_data(tmp_path_factory) -> Path:
-    root = record_chat_dataset(tmp_path_factory.mktemp("chat") / "data", RecorderProcess)
-    session_calls(root, "chat-plain", 2)
-    return root
+@pytest.fixture
+def chat_data(chat_dataset: Path) -> Path:
+    return chat_dataset
 
 
 @pytest.fixture(scope="module")

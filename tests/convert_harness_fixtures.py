@@ -1,0 +1,82 @@
+"""Claude Code (subagent + compaction) and Codex sessions recorded through `forge-record run` with the real CLIs.
+
+The scripted upstream plays the model. Claude Code: the main agent calls the
+`Agent` tool, the subagent (its own interleaved conversation) answers, the
+main agent finishes; a second `claude -p /compact --continue` asks for a
+summary, which the script writes; a third `--continue` run starts from that
+summary. Codex: one exec_command tool loop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from forgerl.recorder.scripted import Request, ToolCall, Turn, saw_tool_result
+
+SUB_PROMPT = "Count the files in the current directory and report the number."
+SUMMARY = "Summary of the conversation so far: the subagent counted the files and reported 42 of them."
+
+
+def _user_texts(message: dict[str, Any]) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    return [c.get("text", "") for c in content or [] if isinstance(c, dict) and c.get("type") == "text"]
+
+
+def claude_script(request: Request) -> Turn:
+    users = [m for m in request.body.get("messages") or [] if m.get("role") == "user"]
+    texts = [t for m in users for t in _user_texts(m)]
+    last = " ".join(_user_texts(users[-1])) if users else ""
+    tools = {t.get("name") for t in request.body.get("tools") or []}
+    if "TEXT ONLY" in last and "summary" in last.lower():  # Claude Code's compaction request
+        return Turn(text=SUMMARY)
+    if any(SUB_PROMPT in t for t in texts):
+        return Turn(text="The directory holds 42 files.")
+    if "Agent" in tools and not saw_tool_result(request) and not any(SUMMARY[:40] in t for t in texts):
+        return Turn(text="I will delegate.", tool_calls=[ToolCall("Agent", {
+            "description": "Count files", "prompt": SUB_PROMPT, "subagent_type": "general-purpose"})])
+    return Turn(text="Done: there are 42 files.")
+
+
+def codex_script(request: Request) -> Turn:
+    if not saw_tool_result(request):
+        return Turn(tool_calls=[ToolCall("exec_command", {"cmd": "echo forgerl > proof.txt"})])
+    return Turn(text="Done.")
+
+
+def run_recorded(forge_record: str, work: Path, home: Path, data: Path, session: str, upstream: str,
+                 cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HOME": str(home), **env}
+    return subprocess.run([forge_record, "run", "--out", str(data), "--session", session,
+                           "--upstream-anthropic", upstream, "--upstream-openai", upstream, "--", *cmd],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+
+
+def record_claude(forge_record: str, claude: Path, base: Path, upstream: str) -> list[subprocess.CompletedProcess]:
+    work, home = base / "work", base / "home"
+    work.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"ANTHROPIC_API_KEY": "sk-ant-api03-converttestconverttest", "IS_SANDBOX": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    common = ["--output-format", "json", "--dangerously-skip-permissions"]
+    runs = []
+    for args in (["-p", "How many files are here? Use a subagent."], ["-p", "/compact", "--continue"],
+                 ["-p", "Remind me of the count.", "--continue"]):
+        runs.append(run_recorded(forge_record, work, home, base / "data", "cc", upstream,
+                                 [str(claude), *args, *common], env))
+    return runs
+
+
+def record_codex(forge_record: str, codex: Path, base: Path, upstream: str) -> subprocess.CompletedProcess:
+    work, home = base / "cwork", base / "chome"
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    env: dict[str, Any] = {"OPENAI_API_KEY": "sk-proj-converttestconverttestconvert",
+                           "CODEX_HOME": str(home / ".codex")}
+    return run_recorded(forge_record, work, home, base / "data", "cx", upstream,
+                        [str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                         "Write proof.txt"], env)
