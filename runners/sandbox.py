@@ -49,7 +49,7 @@ def can_unshare() -> bool:
         return False
 
 
-def _own_memory_cgroup() -> tuple[Path, str] | None:
+def own_memory_cgroup() -> tuple[Path, str] | None:
     """The memory cgroup this process is in, and its limit file, if one can be made beneath it."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -96,7 +96,7 @@ class Sandbox:
         return f"http://127.0.0.1:{BRIDGE_PORT}" if self.netns else self.recorder_url
 
     def _make_cgroup(self, memory_mb: int) -> None:
-        found = _own_memory_cgroup()
+        found = own_memory_cgroup()
         if found is None:
             return
         base, limit_file = found

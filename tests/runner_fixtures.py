@@ -104,6 +104,13 @@ def rollout_processes(marker: str) -> list[int]:
     return pids
 
 
+def rollout_cgroups() -> set[str]:
+    """The runner's per-rollout cgroups that exist now (empty where none can be made)."""
+    from forgerl.runners.sandbox import own_memory_cgroup
+    found = own_memory_cgroup()
+    return {p.name for p in found[0].glob("forgerl-*")} if found else set()
+
+
 def rollout_dirs() -> set[str]:
     import tempfile
     return {p.name for p in Path(tempfile.gettempdir()).glob("forgerl-rollout-*")}

@@ -20,7 +20,7 @@ from forgerl.runners.sandbox import can_unshare
 from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter, read_table
 
-from runner_fixtures import PythonHarness, rollout_dirs, rollout_processes, toml_task
+from runner_fixtures import PythonHarness, rollout_cgroups, rollout_dirs, rollout_processes, toml_task
 
 GRADE_FILE = """
 p = ws / "out.json"
@@ -43,10 +43,11 @@ def run(stack, code: str, *, isolate: bool = True, timeout_s: float = 30, memory
     [task] = load_tasks(toml_task(root / "tasks" / name, name, grader, timeout_s=timeout_s, memory_mb=memory_mb))
     runner = LocalRunner(PythonHarness(code=code), rec.config.url, root / "data", retries=retries,
                          isolate_network=isolate)
-    before = rollout_dirs()
+    before, cgroups = rollout_dirs(), rollout_cgroups()
     with DatasetWriter(root / "data", source="runner") as writer:
         [outcome] = runner.run([Rollout(task, 0)], writer)
     assert rollout_dirs() - before == set(), "the rollout's temp dir was left behind"
+    assert rollout_cgroups() - cgroups == set(), "the rollout's cgroup was left behind"
     return outcome, task
 
 
