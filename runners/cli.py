@@ -8,8 +8,10 @@ folder of them, or a benchmark folder (tasks/ + assets/). The harness CLI is
 taken from PATH, else from the project's pinned npm install
 (node_modules/.bin). --upstream is what it is for `forge-record serve`: the
 origin the recorder forwards to (http://HOST:PORT, no /v1; request paths
-pass through unchanged), speaking the harness's own API. A recorder is
-started on a free loopback port for the run (local runner), or given with
+pass through unchanged), speaking the harness's own API. --policy URL instead
+answers the harness from a policy server (vLLM protocol, token in / token out)
+through `forge-record serve --policy` (serve mode, token ids recorded). A
+recorder is started on a free loopback port for the run, or given with
 --recorder-url (a `forge-record serve` the pods can reach, e.g. deploy/recorder.yaml).
 
 Finished rollouts (same task, attempt, harness and policy version) are
@@ -36,6 +38,7 @@ from . import outcomes
 from .harnesses import HARNESSES, HarnessError, get_harness
 from .policy import PolicyVersionError, PolicyVersionSource
 from .rollout import Rollout
+from .serve import policy_recorder
 from .tasks import Task, TaskError, load_tasks
 
 
@@ -55,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--harness", required=True, choices=sorted(HARNESSES),
                    help="harness CLI to run (found on PATH, else in the project's node_modules/.bin)")
     p.add_argument("--upstream", default="", help="origin the recorder forwards to, http://HOST:PORT (no /v1)")
+    p.add_argument("--policy", default="", metavar="URL",
+                   help="instead of --upstream: answer the harness from this policy server (vLLM protocol) "
+                   "through `forge-record serve --policy`; needs --tokenizer and --served-model")
+    p.add_argument("--tokenizer", default="", metavar="DIR", help="with --policy: the policy's tokenizer directory")
+    p.add_argument("--served-model", default="", metavar="NAME", help="with --policy: the served model name")
     p.add_argument("--attempts", type=_positive, default=1, metavar="K", help="attempts per task (default 1)")
     p.add_argument("--parallel", type=_positive, default=1, metavar="N", help="rollouts at once (default 1)")
     p.add_argument("--out", required=True, metavar="DATASET", help="dataset root: calls and outcomes land here")
@@ -117,6 +125,9 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
     print(f"forge-run: {len(todo)} rollouts to run, {skipped} already finished{label}", file=sys.stderr)
     with ExitStack() as stack:
         recorder_url = args.recorder_url
+        if todo and not recorder_url and args.policy:
+            recorder_url = stack.enter_context(policy_recorder(out, args.policy, args.tokenizer, args.served_model,
+                                                               policy_version))
         if todo and not recorder_url:
             upstream = args.upstream
             config = RecorderConfig(out=out, upstream_anthropic=upstream, upstream_openai=upstream,
@@ -141,7 +152,8 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
 
 
 def watch(args: argparse.Namespace, tasks: list[Task]) -> int:
-    source = PolicyVersionSource(args.upstream, args.policy_version_from)
+    served = args.policy if args.policy.startswith(("http://", "https://")) else ""
+    source = PolicyVersionSource(args.upstream or served, args.policy_version_from)
     seen: list[str] = []
     while not args.rounds or len(seen) < args.rounds:
         try:
@@ -161,17 +173,20 @@ def watch(args: argparse.Namespace, tasks: list[Task]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if not args.upstream and not args.recorder_url:
-            raise UsageError("give --upstream URL (the model API origin) or --recorder-url URL")
+        if sum(map(bool, (args.upstream, args.policy, args.recorder_url))) != 1:
+            raise UsageError("give one of --upstream URL (the model API origin), --policy URL or --recorder-url URL")
+        if args.policy and not (args.tokenizer and args.served_model):
+            raise UsageError("--policy needs --tokenizer DIR and --served-model NAME")
         if args.upstream and not args.upstream.startswith(("http://", "https://")):
             raise UsageError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
-        if args.watch and not (args.upstream or args.policy_version_from):
-            raise UsageError("--watch needs --upstream (its /v1/models) or --policy-version-from")
+        if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):
+            raise UsageError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
         tasks = _select(load_tasks(args.tasks), args.task)
         get_harness(args.harness).find()
         Path(args.out).mkdir(parents=True, exist_ok=True)
         return watch(args, tasks) if args.watch else run_round(args, tasks, "")
-    except (UsageError, TaskError, HarnessError, DatasetError, PolicyVersionError, ValueError, OSError) as e:
+    except (UsageError, TaskError, HarnessError, DatasetError, PolicyVersionError, ValueError, OSError,
+            RuntimeError) as e:
         print(f"forge-run: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -24,7 +24,8 @@ import pytest
 from forgerl.runners.policy import PolicyVersionSource
 from forgerl.schema.store import data_files, read_table
 
-from runner_fixtures import BENCH, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, alternating_script, task_script
+from runner_fixtures import (BENCH, NOVEL_ANSWER, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, alternating_script,
+                             task_script)
 
 FORGE_RUN = str(Path(sys.executable).with_name("forge-run"))
 pytestmark = pytest.mark.slow
@@ -121,3 +122,22 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                   "--out", str(tmp_path / "d"))
     assert r.returncode == 2 and "no such task: nope" in r.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_policy_serve_mode_answers_the_harness_and_records_tokens(tmp_path):
+    from serve_fixtures import TOKENIZER_DIR
+    script = tmp_path / "turns.json"
+    script.write_text(json.dumps([NOVEL_ANSWER]))
+    out = tmp_path / "data"
+    r = forge_run(str(BENCH), "--task", NOVEL_TASK, "--harness", "claude-code", "--policy", f"script:{script}",
+                  "--tokenizer", str(TOKENIZER_DIR), "--served-model", "qwen3-policy", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    [outcome] = read_table(out, "outcomes").to_pylist()
+    assert outcome["reward"] == pytest.approx(NOVEL_SCORE)
+    calls = [c for c in read_table(out, "calls").to_pylist() if c["session_id"] == outcome["session_id"]
+             and c["path"].startswith("/v1/messages") and "count_tokens" not in c["path"]]
+    assert calls, "no model call was recorded"
+    assert all(c["completion_token_ids"] and c["policy_version"] == "qwen3-policy" for c in calls), \
+        [(c["path"], c["status"], c["error"]) for c in calls]
+    bad = forge_run(str(BENCH), "--harness", "codex", "--policy", f"script:{script}", "--out", str(tmp_path / "d"))
+    assert bad.returncode == 2 and "--policy needs --tokenizer DIR and --served-model NAME" in bad.stderr
