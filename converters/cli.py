@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-from", choices=("engine", "template"), default="engine",
                    help="engine: recorded token ids verbatim where every call has them (default); "
                         "template: always re-render (rows flagged retokenized)")
+    p.add_argument("--drift", choices=("last", "all", "off"), default="last",
+                   help="drift report: re-render each segment's last call (default; its prompt holds the whole "
+                        "history), every call, or none")
     f = p.add_argument_group("filters")
     f.add_argument("--harness", action="append", default=[], help="keep these harnesses (repeatable)")
     f.add_argument("--model", action="append", default=[], help="keep samples of these models (repeatable)")
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(target=args.to, mode=args.mode, tokenizer=args.tokenizer, harnesses=frozenset(args.harness),
                    filters=filters, val_fraction=args.val_fraction, dedupe=not args.no_dedupe,
                    tokens_from=args.tokens_from, shard_bytes=args.shard_mb * 1024 * 1024, agent_name=args.agent_name,
-                   max_length=args.max_length, progress=not args.no_progress)
+                   max_length=args.max_length, drift=args.drift, progress=not args.no_progress)
     try:
         manifest = convert(args.dataset, args.out, opts)
     except (DatasetError, SchemaVersionError, TokenizerError, UsageError) as e:

@@ -84,15 +84,24 @@ class DriftReport:
                                   "engine": engine[max(0, at - _WINDOW): at + _WINDOW],
                                   "rendered": rendered[max(0, at - _WINDOW): at + _WINDOW]})
 
-    def check_calls(self, calls: list[Call], enable_thinking: bool) -> None:
-        """Prompt and history checks over one segment's calls (in order)."""
+    def check_calls(self, calls: list[Call], enable_thinking: bool, every: bool = False) -> None:
+        """Prompt and history checks over one segment's calls (in order).
+
+        By default only the segment's last call is re-rendered (its prompt holds the whole history, so
+        it sees every drift the earlier ones would, at one render per segment instead of one per call);
+        `every` checks each call.
+        """
         if self.renderer is None:
             return
         previous: Call | None = None
-        for call in calls:
+        last = len(calls) - 1
+        for n, call in enumerate(calls):
             prompt = call.row.get("prompt_token_ids")
             if not prompt or not call.row.get("completion_token_ids"):
                 previous = None
+                continue
+            if not every and n != last:
+                previous = call
                 continue
             rendered = self.renderer.ids(to_chat_messages(call.input, arguments="json"),
                                          chat_tools(call.tools) or None, True, enable_thinking)

@@ -58,6 +58,7 @@ class Options:
     shard_bytes: int = 128 * 1024 * 1024
     agent_name: str = "forgerl_harness"
     max_length: int = 32768
+    drift: str = "last"
     progress: bool = True
 
 
@@ -151,9 +152,9 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
             output.path(split, f"{name}.json").write_text(canonical_json(doc) + "\n")
             counts[f"rows_{split}"] += 1
             continue
-        if renderer is not None and opts.target in ("tokens", "verl-sft"):
+        if renderer is not None and opts.target in ("tokens", "verl-sft") and opts.drift != "off":
             for seg in segments:
-                drift.check_calls(seg.calls, True)
+                drift.check_calls(seg.calls, True, every=opts.drift == "all")
         for sample in samples(session, segments, opts.mode if opts.target == "tokens" else "thread"):
             reason = opts.filters.sample_reason(sample)
             if reason:
@@ -181,7 +182,7 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
         "target": opts.target, "mode": opts.mode if opts.target == "tokens" else "thread",
         "tokenizer": None if renderer is None else {"name": opts.tokenizer,
                                                      "sha256": tokenizer_hash(renderer.tokenizer)},
-        "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from,
+        "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from, "drift": opts.drift,
                     "harnesses": sorted(opts.harnesses)},
         "counts": dict(counts), "dropped": dict(dropped), "files": files,
         "drift": drift.to_dict() if renderer is not None else None,

@@ -48,7 +48,7 @@ def calls_of(root: Path, session: str) -> list[dict]:
 
 
 def test_thread_tokens_are_the_engine_ids(chat_data, tmp_path):
-    manifest = convert(chat_data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)
+    manifest = convert(chat_data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--drift", "all")
     by_id = {r["sample_id"]: r for r in rows(tmp_path / "t")}
     calls = calls_of(chat_data, "chat-tools")
     first, second = calls
@@ -75,6 +75,9 @@ def test_thread_tokens_are_the_engine_ids(chat_data, tmp_path):
     example = next(e for e in drift["examples"] if e["check"] == "history_rerender")
     assert "<think>" in example["engine"] and "<think>" not in example["rendered"]
     # no engine ids recorded: rendered with the template and flagged
+    # by default only each segment's last call is re-rendered: one prompt and one history check per thread
+    quick = convert(chat_data, tmp_path / "q", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)["drift"]
+    assert quick["prompt_rerender"]["checked"] == 2 and quick["history_rerender"]["where"] == {"stripped_think": 1}
     assert by_id["chat-plain:0"]["retokenized"] and by_id["chat-plain:0"]["template_consistent"] is False
     assert manifest["counts"]["engine_ids"] == 4 and manifest["counts"]["retokenized"] == 1
     assert manifest["tokenizer"]["sha256"] and manifest["input"]["schema_version"] == 1

