@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.store import MANIFEST, DatasetWriter
 
 from .grading import GradingError, combine, grade_workspace
 from .tasks import Task
-from .transcript import rollout_transcript
+from .transcript import rollout_transcript, session_rows
 
 FLUSH_SETTLE_S = 0.6  # the recorder's writer flushes every 0.5 s
+SETTLE_MAX_S = 10.0
 
 
 class InfraError(RuntimeError):
@@ -63,9 +64,26 @@ def prepare_workspace(task: Task, workspace: Path) -> None:
         raise InfraError(f"workspace setup failed: {e}") from None
 
 
+def await_calls(dataset: Path, session: str) -> int:
+    """Wait until the session's recorded calls stop changing over a flush interval; return how many.
+
+    Every call was answered before the harness exited, but the recorder's
+    writer (another process) may still be holding the last ones for up to a
+    flush interval, longer on a loaded machine.
+    """
+    deadline = time.monotonic() + SETTLE_MAX_S
+    seen = -1
+    while True:
+        count = len(session_rows(dataset, "calls", session, ["session_id"])) if (dataset / MANIFEST).exists() else 0
+        if count == seen or time.monotonic() > deadline:
+            return count
+        seen = count
+        time.sleep(FLUSH_SETTLE_S)
+
+
 def grade_session(task: Task, dataset: Path, session: str, workspace: Path) -> dict[str, float]:
     """Scores from grade(), with the transcript built from the session's recorded calls."""
-    time.sleep(FLUSH_SETTLE_S)  # calls answered before the harness exited are on disk after one flush
+    await_calls(dataset, session)
     try:
         transcript = rollout_transcript(dataset, session)
         return grade_workspace(task, transcript, workspace)
