@@ -9,7 +9,9 @@ store's own writer, every call carrying the engine token ids the real Qwen3
 chat template gives (as a vLLM upstream records them). Each contender runs in
 a process of its own, so peak RSS is its own:
 
-    tokens (engine)     forge-convert --to tokens: recorded ids verbatim, drift report on
+    tokens (engine)     forge-convert --to tokens: recorded ids verbatim, default drift report
+                        (re-renders and re-tokenises each segment's last prompt: a full encode)
+    ... --drift off     the same without the drift report: what the conversion itself costs
     tokens (template)   forge-convert --to tokens --tokens-from template: rendered like veRL
     verl                MultiTurnSFTDataset over forge-convert's verl-sft output, every item
     raw encode          tokenizers encode_batch over the whole conversations' rendered text
@@ -100,7 +102,9 @@ def _rss_mb() -> float:
 
 def run_forge(data: Path, out: Path, extra: list[str]) -> dict:
     from forgerl.converters.cli import main
+    from forgerl.converters.tokenizer import load_tokenizer
 
+    load_tokenizer(tokenizer_dir())  # loaded before the clock starts, as veRL's tokenizer is
     t = time.perf_counter()
     rc = main([str(data), "--to", "tokens", "--out", str(out), "--tokenizer", tokenizer_dir(), "--val-fraction",
                "0", "--no-progress", "--no-dedupe", *extra])
@@ -203,11 +207,15 @@ def main() -> int:
                         "--no-progress", "--no-dedupe"]) == 0
         rendered_texts(base / "sft", base / "texts.json")
         engine = child("forge", str(data), str(base / "tok-engine"))
+        engine_off = child("forge", str(data), str(base / "tok-engine-off"), "--drift", "off")
         template = child("forge", str(data), str(base / "tok-template"), "--tokens-from", "template")
+        template_off = child("forge", str(data), str(base / "tok-template-off"), "--tokens-from", "template",
+                             "--drift", "off")
         verl = child("verl", str(base / "sft"), str(base / "verl-ids.json"))
         raw = child("raw", str(base / "texts.json"))
         same, total = _compare(base / "tok-template", base / "verl-ids.json")
-    print_table(sessions, args.turns, {"tokens (engine)": engine, "tokens (template)": template,
+    print_table(sessions, args.turns, {"tokens (engine)": engine, "tokens (engine, --drift off)": engine_off,
+                                       "tokens (template)": template, "tokens (template, --drift off)": template_off,
                                        "veRL MultiTurnSFTDataset": verl, "raw encode_batch": raw}, same, total)
     return 0
 
@@ -226,12 +234,12 @@ def print_table(sessions: int, turns: int, results: dict[str, dict], same: int, 
     verl, raw = results["veRL MultiTurnSFTDataset"], results["raw encode_batch"]
     print(f"\nforge-convert bench: {sessions} sessions x {turns + 1} calls, Qwen3 tokenizer, "
           f"{raw['tokens']} tokens in {raw['samples']} thread samples\n")
-    print(f"| {'contender':<26} | {'samples/s':>9} | {'tokens/s':>10} | {'vs veRL':>7} | {'vs raw':>6} | "
+    print(f"| {'contender':<30} | {'samples/s':>9} | {'tokens/s':>10} | {'vs veRL':>7} | {'vs raw':>6} | "
           f"{'peak RSS MB':>11} |")
-    print(f"|{'-' * 28}|{'-' * 11}:|{'-' * 12}:|{'-' * 9}:|{'-' * 8}:|{'-' * 13}:|")
+    print(f"|{'-' * 32}|{'-' * 11}:|{'-' * 12}:|{'-' * 9}:|{'-' * 8}:|{'-' * 13}:|")
     for name, r in results.items():
         tps = r["tokens"] / r["seconds"]
-        print(f"| {name:<26} | {r['samples'] / r['seconds']:>9.1f} | {tps:>10.0f} | "
+        print(f"| {name:<30} | {r['samples'] / r['seconds']:>9.1f} | {tps:>10.0f} | "
               f"{tps / (verl['tokens'] / verl['seconds']):>6.1f}x | {tps / (raw['tokens'] / raw['seconds']):>5.0%} | "
               f"{r['rss_mb']:>11.0f} |")
     print(f"\nids and loss masks identical to veRL's (template run): {same}/{total} samples")

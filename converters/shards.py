@@ -44,8 +44,10 @@ class SeenSet:
 def _size(value: Any) -> int:
     if isinstance(value, (str, bytes)):
         return len(value)
-    if isinstance(value, list):
-        return sum(_size(v) for v in value) if value and not isinstance(value[0], int) else 4 * len(value)
+    if isinstance(value, list):  # lists of numbers (ids, masks, logprobs) are sized without a walk
+        if not value or value[0] is None or isinstance(value[0], (int, float)):
+            return 4 * len(value)
+        return sum(_size(v) for v in value)
     if isinstance(value, dict):
         return sum(_size(v) + len(k) for k, v in value.items())
     return 8

@@ -31,7 +31,9 @@ class LocalTokenizer:
 
     def __init__(self, directory: Path):
         from tokenizers import Tokenizer
+        from transformers.utils.chat_template_utils import render_jinja_template
 
+        self._render = render_jinja_template
         config = json.loads((directory / "tokenizer_config.json").read_text())
         template_file = directory / "chat_template.jinja"
         self.chat_template = template_file.read_text() if template_file.exists() else config.get("chat_template")
@@ -45,11 +47,9 @@ class LocalTokenizer:
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, tokenize: bool = False,
                             add_generation_prompt: bool = False, **kwargs: Any) -> str:
-        from transformers.utils.chat_template_utils import render_jinja_template
-
         if tokenize:
             raise ValueError("LocalTokenizer renders text; encode it with encode()")
-        rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=self.chat_template,
+        rendered, _ = self._render(conversations=[messages], tools=tools, chat_template=self.chat_template,
                                             add_generation_prompt=add_generation_prompt,
                                             **{**self.special_tokens_map, **kwargs})
         return rendered[0]
