@@ -73,8 +73,9 @@ class PromptBuilder:
 
     def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Prompt:
         full = self.render(messages, tools, True)
+        keys = _prefix_keys(messages, tools)
         for k in range(len(messages), 0, -1):
-            known = self._known.get(_key(messages[:k], tools))
+            known = self._known.get(keys[k])
             if known is None:
                 continue
             # The tail starts right after the end-of-turn token that closes message k-1 in the full
@@ -92,7 +93,7 @@ class PromptBuilder:
         """An answer that ended its turn: later requests that repeat it continue from `ids`."""
         if not ids or ids[-1] != self.eos_id:
             return
-        key = _key(messages + answer, tools)
+        key = _prefix_keys(messages + answer, tools)[-1]
         self._known[key] = ids
         self._known.move_to_end(key)
         while len(self._known) > self._remember:
@@ -110,8 +111,12 @@ def _nth(text: str, token: str, n: int) -> int:
     return at if n else -1
 
 
-def _key(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    return sha256_hex(canonical_json({"messages": messages, "tools": tools or []}))
+def _prefix_keys(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[str]:
+    """keys[k] identifies (tools, messages[:k]); chained, so all prefixes cost one pass over the history."""
+    keys = [sha256_hex(canonical_json(tools or []))]
+    for message in messages:
+        keys.append(sha256_hex(keys[-1] + canonical_json(message)))
+    return keys
 
 
 class PolicyGateway:

@@ -102,9 +102,9 @@ class HarnessAgentLoop(AgentLoopBase):
             await asyncio.to_thread(recorder.start)
             runner = LocalRunner(self.harness, recorder.config.url, self.dataset, retries=0,
                                  isolate_network=self.isolate_network, model=self.served_model, env=self.env,
-                                 timeout_s=self.timeout_s, name="verl")
+                                 timeout_s=self.timeout_s, name="verl", exe=self.harness.find())
             rollout = Rollout(task, attempt=int(info.get("attempt", 0)), policy_version=self.policy_version)
-            outcome = await asyncio.to_thread(runner.run_one, rollout, self.harness.find())
+            outcome = await asyncio.to_thread(runner.run_one, rollout)
         finally:
             await asyncio.to_thread(recorder.stop)
             await gateway.close()
