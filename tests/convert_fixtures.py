@@ -223,3 +223,19 @@ def chat_dataset(tmp_path_factory) -> Path:
     root = record_chat_dataset(tmp_path_factory.mktemp("convert-chat") / "data", RecorderProcess)
     session_calls(root, "chat-plain", 2)
     return root
+
+
+def convert(data: Path, out: Path, *args: str) -> dict:
+    """Run forge-convert in-process (no val split, no progress bar); return its manifest."""
+    from forgerl.converters.cli import main
+
+    assert main([str(data), "--out", str(out), "--no-progress", "--val-fraction", "0", *args]) == 0
+    return json.loads((out / "manifest.json").read_text())
+
+
+def rows(out: Path) -> list[dict]:
+    """Every parquet row under out/<split>/, through `datasets` (as a trainer would load them)."""
+    import datasets
+
+    files = sorted(str(p) for p in out.glob("*/*.parquet"))
+    return datasets.load_dataset("parquet", data_files=files, split="train").to_list()

@@ -11,7 +11,6 @@ import json
 import shutil
 from pathlib import Path
 
-import datasets
 import pyarrow.parquet as pq
 import pytest
 
@@ -20,7 +19,7 @@ from forgerl.schema.chat import chat_tools
 from forgerl.schema import store
 
 from conftest import session_calls
-from convert_fixtures import TOKENIZER_DIR, chat_dataset, qwen_tokenizer  # noqa: F401 - chat_dataset is a fixture
+from convert_fixtures import TOKENIZER_DIR, chat_dataset, convert, qwen_tokenizer, rows  # noqa: F401 - fixture
 
 
 @pytest.fixture
@@ -31,16 +30,6 @@ def chat_data(chat_dataset: Path) -> Path:
 @pytest.fixture(scope="module")
 def tokenizer():
     return qwen_tokenizer()
-
-
-def convert(data: Path, out: Path, *args: str) -> dict:
-    assert main([str(data), "--out", str(out), "--no-progress", "--val-fraction", "0", *args]) == 0
-    return json.loads((out / "manifest.json").read_text())
-
-
-def rows(out: Path) -> list[dict]:
-    files = sorted(str(p) for p in out.glob("*/*.parquet"))
-    return datasets.load_dataset("parquet", data_files=files, split="train").to_list()
 
 
 def calls_of(root: Path, session: str) -> list[dict]:
@@ -209,3 +198,42 @@ def test_verl_sft_refuses_per_call(chat_data, tmp_path, capsys):
     assert main([str(chat_data), "--out", str(tmp_path / "x"), "--to", "verl-sft", "--mode", "per-call"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "per-call" in err and not (tmp_path / "x").exists()
+
+
+def test_screenshots_become_verl_images_and_blob_refs(scripted, recorder, tmp_path):
+    """A GUI agent's screenshot (Anthropic SDK, base64 image block) reaches veRL's multimodal columns.
+
+    veRL loads such rows only with a processor and `qwen_vl_utils` (not installed here), so the
+    columns and placeholders are checked as veRL's `_build_messages` reads them, not loaded by it.
+    """
+    import base64
+    import hashlib
+    import io
+
+    import anthropic
+    from PIL import Image
+
+    from forgerl.recorder.scripted import Turn
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 6), (200, 30, 30)).save(buf, format="PNG")
+    png = buf.getvalue()
+    up = scripted(lambda request: Turn(text="I see a red screen."))
+    rec = recorder(up.url)
+    client = anthropic.Anthropic(base_url=rec.base("gui"), api_key="sk-ant-api03-convertimagetest", max_retries=0)
+    client.messages.create(model="claude-x", max_tokens=64, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is on screen?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": base64.b64encode(png).decode()}}]}])
+    session_calls(tmp_path / "data", "gui", 1)
+    rec.stop()
+    convert(tmp_path / "data", tmp_path / "sft", "--to", "verl-sft")
+    convert(tmp_path / "data", tmp_path / "tok", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)
+    (mm,) = (tmp_path / "sft").glob("train/mm-*.parquet")  # image rows get shards of their own
+    (row,) = pq.read_table(mm).to_pylist()
+    placeholders = sum(m["content"].count("<image>") for m in row["messages"])
+    assert placeholders == len(row["images"]) == 1
+    assert row["images"][0]["bytes"] == png
+    assert Image.open(io.BytesIO(row["images"][0]["bytes"])).size == (8, 6)
+    (tok_row,) = rows(tmp_path / "tok")
+    assert tok_row["images"] == [hashlib.sha256(png).hexdigest()]

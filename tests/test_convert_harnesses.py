@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from forgerl.converters.cli import main
 from forgerl.recorder.scripted import ScriptedUpstream
 
 from conftest import FORGE_RECORD, REPO, session_calls
-from convert_fixtures import TOKENIZER_DIR, qwen_tokenizer
+from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
 from convert_harness_fixtures import SUB_PROMPT, SUMMARY, claude_script, codex_script, record_claude, record_codex
 
 pytestmark = pytest.mark.slow
@@ -38,22 +37,10 @@ def harness_data(tmp_path_factory) -> Path:
     return base / "data"
 
 
-def convert(data: Path, out: Path, *args: str) -> dict:
-    assert main([str(data), "--out", str(out), "--no-progress", "--val-fraction", "0", *args]) == 0
-    return json.loads((out / "manifest.json").read_text())
-
-
-def token_rows(out: Path) -> list[dict]:
-    import datasets
-
-    files = sorted(str(p) for p in out.glob("train/*.parquet"))
-    return datasets.load_dataset("parquet", data_files=files, split="train").to_list()
-
-
 def test_claude_code_subagent_and_compaction_segments(harness_data, tmp_path):
     manifest = convert(harness_data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR,
                        "--harness", "claude-code")
-    segs = {r["segment_id"]: r for r in token_rows(tmp_path / "t")}
+    segs = {r["segment_id"]: r for r in rows(tmp_path / "t")}
     assert {k: (r["segment_reason"], r["parent_segment"], r["parent_position"], r["num_turns"])
             for k, r in segs.items()} == {
         "cc:0": ("start", None, None, 2),                  # main agent: delegate, then answer
@@ -93,7 +80,7 @@ def test_codex_thread_in_verl_sft(harness_data, tmp_path):
 
     convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "codex")
     convert(harness_data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "codex")
-    (row,) = token_rows(tmp_path / "t")
+    (row,) = rows(tmp_path / "t")
     assert row["segment_id"] == "cx:0" and row["num_turns"] == 2 and row["segment_reason"] == "start"
     files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
     ds = MultiTurnSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 65536,
