@@ -124,7 +124,10 @@ def metric_bars(report: Report) -> str:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("rate")
     ax.set_title(f"Behaviour metrics per {report.by}")
-    ax.legend(fontsize=8)
+    if report.groups:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no sessions in this dataset", ha="center", va="center", transform=ax.transAxes)
     return _svg(fig)
 
 

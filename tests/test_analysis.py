@@ -111,6 +111,9 @@ def test_empty_dataset_has_every_view(tmp_path):
     con = connect(tmp_path)
     for view in VIEWS:
         assert con.execute(f"SELECT count(*) FROM {view.name}").fetchone() == (0,), view.name
+    r = analyze("report", str(tmp_path), "--out", str(tmp_path / "r.html"))
+    assert r.returncode == 0 and "(no sessions)" in r.stdout and "Warning" not in r.stderr, r.stderr
+    assert (tmp_path / "r.html").read_text().count("<svg") == 3
 
 
 def test_kind_table_and_docs_cover_every_name():

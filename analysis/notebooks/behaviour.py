@@ -34,7 +34,7 @@ con.sql("SELECT count(*) AS sessions, sum(turns) AS turns, sum(tool_calls) AS to
 # the file or command it targets, and whether it counts as a check.
 
 # %%
-con.sql("""SELECT session_id, turn, tool_name, kind, target, check_kind, parallel
+con.sql("""SELECT session_id, turn, pos, tool_name, kind, target, check_kind
            FROM tool_calls WHERE session_id LIKE '%-a1' ORDER BY session_id, step""").df()
 
 # %%
