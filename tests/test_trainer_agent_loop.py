@@ -34,7 +34,7 @@ def lm(tmp_path_factory):
     return TinyLM(tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
-def agent_loop(lm: TinyLM, tmp_path, prompt_length: int = 65536, response_length: int = 4096):
+def agent_loop(lm: TinyLM, tmp_path, prompt_length: int = 65536, response_length: int = 48):
     folder = lm.model.name_or_path
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": prompt_length,
                                                                  "response_length": response_length}},
@@ -52,8 +52,7 @@ def test_registered():
 
 def test_run_returns_the_recorded_tokens(lm, tmp_path):
     task = toml_task(tmp_path / "tasks", "touch", "return {'answered': 0.25}", prompt="say hi")
-    loop = agent_loop(lm, tmp_path, response_length=4096)
-    loop.rollout_config.response_length = 4096
+    loop = agent_loop(lm, tmp_path)
     out = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"task_path": str(task)}, raw_prompt=[]))
     served = loop.server_manager.calls
     assert served, "the harness never reached the policy"
@@ -76,6 +75,7 @@ def test_run_returns_the_recorded_tokens(lm, tmp_path):
                                        if (s["prompt_ids"] + s["token_ids"])[:len(out.prompt_ids)] == out.prompt_ids)
     assert all(out.response_logprobs[i] == 0.0 for i, m in enumerate(out.response_mask) if not m)
     assert out.reward_score == 0.25  # the harness's failure (random text) keeps its graded reward
+    assert all(len(s["token_ids"]) <= 48 for s in served)  # rollout.response_length caps every turn
 
 
 def test_infra_failure_is_fully_masked(lm, tmp_path):
