@@ -39,13 +39,14 @@ class LocalRunner(BatchRunner):
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None  # overrides every task's own timeout
     name: str = "local"
+    workdir: Path | None = None  # where rollout temp dirs go (default: the system's temp dir)
     exe: str = ""  # the harness CLI, found when a batch starts
 
     def before_batch(self) -> None:
         self.exe = self.harness.find()
 
     def attempt(self, rollout: Rollout, session: str) -> Outcome:
-        tmp = Path(tempfile.mkdtemp(prefix="forgerl-rollout-"))
+        tmp = Path(tempfile.mkdtemp(prefix="forgerl-rollout-", dir=self.workdir))
         timings: dict[str, float] = {}
         try:
             outcome = self._run_in(tmp, rollout, session, timings)

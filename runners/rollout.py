@@ -28,7 +28,8 @@ from forgerl.schema.store import MANIFEST, DatasetWriter
 
 from .grading import GradingError, combine, grade_workspace
 from .tasks import Task
-from .transcript import rollout_transcript, session_rows
+from .sessions import session_count
+from .transcript import rollout_transcript
 
 FLUSH_SETTLE_S = 0.6  # the recorder's writer flushes every 0.5 s
 SETTLE_MAX_S = 10.0
@@ -74,7 +75,7 @@ def await_calls(dataset: Path, session: str) -> int:
     deadline = time.monotonic() + SETTLE_MAX_S
     seen = -1
     while True:
-        count = len(session_rows(dataset, "calls", session, ["session_id"])) if (dataset / MANIFEST).exists() else 0
+        count = session_count(dataset, "calls", session) if (dataset / MANIFEST).exists() else 0
         if count == seen or time.monotonic() > deadline:
             return count
         seen = count

@@ -107,7 +107,7 @@ class Sandbox:
         except OSError:
             return
         self._cgroup = path
-        self.enforced.append(f"memory {memory_mb} MiB (cgroup)")
+        self.enforced.append(f"memory {memory_mb} MiB (cgroup {path.name})")
 
     def _command(self, argv: list[str], cpu_s: int) -> list[str]:
         jail = [sys.executable, "-m", "forgerl.runners.jail", "--cpu-seconds", str(cpu_s)]

@@ -16,18 +16,13 @@ messages are not part of an OpenClaw transcript and are left out.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-
 from forgerl.schema.messages import Message, Part
 from forgerl.schema.records import call_messages
-from forgerl.schema.store import data_files, file_version, read_table
-from forgerl.schema.tables import SCHEMA_VERSION, TABLES
+
+from .sessions import session_rows
 
 MODEL_APIS = ("anthropic", "responses", "chat", "completions")
 
@@ -75,25 +70,6 @@ def openclaw_events(messages: list[Message]) -> list[dict]:
     return events
 
 
-def session_rows(root: str | Path, table: str, session: str, columns: list[str]) -> pa.Table:
-    """One session's rows, reading only `columns` and skipping row groups of other sessions.
-
-    Whole-table reads would load every call's raw bytes for each rollout; files of
-    an older schema version go through the store's migrating reader instead.
-    """
-    for _ in range(5):
-        try:
-            files = data_files(root, table)
-            if any(file_version(Path(f)) != SCHEMA_VERSION for f in files):
-                rows = read_table(root, table, columns)
-                return rows.filter(pc.equal(rows.column("session_id"), session))
-            dataset = ds.dataset(files, format="parquet", schema=TABLES[table])
-            return dataset.to_table(columns=columns, filter=pc.field("session_id") == session)
-        except FileNotFoundError:  # a compaction swapped files between listing and reading
-            time.sleep(0.05)
-    return read_table(root, table, columns).filter(pc.field("session_id") == session)
-
-
 def last_call(root: str | Path, session: str) -> tuple[dict | None, dict[str, str]]:
     """The session's last completed model call (with output) and its parts by hash."""
     calls = session_rows(root, "calls", session, ["session_id", "api", "path", "complete", "t_start", "seq",
@@ -104,7 +80,7 @@ def last_call(root: str | Path, session: str) -> tuple[dict | None, dict[str, st
     if not calls:
         return None, {}
     call = max(calls, key=lambda c: (c["t_start"], c["seq"]))
-    parts = session_rows(root, "messages", session, ["part_hash", "part"])
+    parts = session_rows(root, "messages", session, ["session_id", "part_hash", "part"])
     return call, dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
 
 

@@ -104,16 +104,18 @@ def rollout_processes(marker: str) -> list[int]:
     return pids
 
 
-def rollout_cgroups() -> set[str]:
-    """The runner's per-rollout cgroups that exist now (empty where none can be made)."""
+def cgroups_left(outcome) -> list[str]:
+    """The outcome's memory cgroup, if the runner made one and it still exists."""
+    import re
     from forgerl.runners.sandbox import own_memory_cgroup
     found = own_memory_cgroup()
-    return {p.name for p in found[0].glob("forgerl-*")} if found else set()
+    names = re.findall(r"\(cgroup (forgerl-[0-9a-f]+)\)", " ".join(outcome.extra.get("enforced") or []))
+    return [n for n in names if found and (found[0] / n).exists()]
 
 
-def rollout_dirs() -> set[str]:
+def rollout_dirs(where: Path | None = None) -> set[str]:
     import tempfile
-    return {p.name for p in Path(tempfile.gettempdir()).glob("forgerl-rollout-*")}
+    return {p.name for p in Path(where or tempfile.gettempdir()).glob("forgerl-rollout-*")}
 
 
 def toml_task(folder: Path, task_id: str, grader_body: str, *, timeout_s: float = 60, memory_mb: int = 1024,

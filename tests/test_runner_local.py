@@ -16,11 +16,11 @@ from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.recorder.scripted import ScriptedUpstream
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
-from forgerl.runners.sandbox import can_unshare
+from forgerl.runners.sandbox import can_unshare, own_memory_cgroup
 from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter, read_table
 
-from runner_fixtures import PythonHarness, rollout_cgroups, rollout_dirs, rollout_processes, toml_task
+from runner_fixtures import PythonHarness, cgroups_left, rollout_dirs, rollout_processes, toml_task
 
 GRADE_FILE = """
 p = ws / "out.json"
@@ -41,13 +41,14 @@ def run(stack, code: str, *, isolate: bool = True, timeout_s: float = 30, memory
     root, _, rec = stack
     name = f"t{uuid.uuid4().hex[:6]}"
     [task] = load_tasks(toml_task(root / "tasks" / name, name, grader, timeout_s=timeout_s, memory_mb=memory_mb))
+    work = root / "work" / name
+    work.mkdir(parents=True)
     runner = LocalRunner(PythonHarness(code=code), rec.config.url, root / "data", retries=retries,
-                         isolate_network=isolate)
-    before, cgroups = rollout_dirs(), rollout_cgroups()
+                         isolate_network=isolate, workdir=work)
     with DatasetWriter(root / "data", source="runner") as writer:
         [outcome] = runner.run([Rollout(task, 0)], writer)
-    assert rollout_dirs() - before == set(), "the rollout's temp dir was left behind"
-    assert rollout_cgroups() - cgroups == set(), "the rollout's cgroup was left behind"
+    assert rollout_dirs(work) == set(), "the rollout's temp dir was left behind"
+    assert cgroups_left(outcome) == [], "the rollout's cgroup was left behind"
     return outcome, task
 
 
@@ -61,6 +62,7 @@ def test_success_is_graded_and_written(stack):
     row = outcome.row()
     assert row["reward"] == 1.0 and row["passed"] is True and json.loads(row["scores"]) == {"a": 1.0, "b": 1.0}
     assert outcome.extra["final_answer"] == "all done"
+    assert own_memory_cgroup() is None or "(cgroup forgerl-" in " ".join(outcome.extra["enforced"])
     root = stack[0]
     rows = [r for r in read_table(root / "data", "outcomes").to_pylist() if r["task_id"] == task.id]
     assert [(r["status"], r["reward"], r["session_id"]) for r in rows] == [("success", 1.0, outcome.session)]
@@ -102,8 +104,8 @@ def test_a_child_that_escapes_the_process_group_is_killed(stack, isolate, memory
     outcome, _ = run(stack, code, isolate=isolate, memory_mb=memory_mb)
     assert outcome.status == "success"
     assert rollout_processes(marker) == [], "a child outlived its rollout"
-    assert any("memory" in e for e in outcome.extra["enforced"]) == (memory_mb > 0 and "cgroup" in str(
-        outcome.extra["enforced"]))
+    if memory_mb == 0:
+        assert not any("memory" in e for e in outcome.extra["enforced"])
 
 
 @pytest.mark.skipif(not can_unshare(), reason="no network namespaces on this machine (see runners/README.md)")
@@ -153,12 +155,13 @@ def test_infra_failure_is_retried_then_recorded_unscored(stack):
     root, _, rec = stack
     [task] = load_tasks(toml_task(root / "tasks" / "infra", "infra", "return {'a': 1.0}"))
     (root / "tasks" / "infra" / "seed.txt").unlink()  # the workspace cannot be prepared
-    runner = LocalRunner(PythonHarness(code="pass"), rec.config.url, root / "data", retries=2)
-    before = rollout_dirs()
+    work = root / "work" / "infra"
+    work.mkdir(parents=True)
+    runner = LocalRunner(PythonHarness(code="pass"), rec.config.url, root / "data", retries=2, workdir=work)
     with DatasetWriter(root / "data", source="runner") as writer:
         [outcome] = runner.run([Rollout(task, 0)], writer)
     assert outcome.status == "infra_error" and outcome.extra["tries"] == 3
     assert outcome.error.count("workspace setup failed") == 3
     row = outcome.row()
     assert row["reward"] is None and row["passed"] is None and row["scores"] is None
-    assert rollout_dirs() - before == set()
+    assert rollout_dirs(work) == set()

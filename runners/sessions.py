@@ -1,0 +1,77 @@
+"""One session's rows, fast: which data files hold a session, learnt once per file.
+
+Runners read a rollout's calls right after it ends, many times a minute, from
+a dataset that gains a file per table every flush. Reading every file (or
+every footer) for each rollout makes grading slower as the dataset grows. A
+data file never changes once written (new rows get new files; compaction
+writes new names), so the runner reads each file's `session_id` column once,
+keeps {session: rows} per file, and opens only the files that hold the
+session it wants. Files of an older schema version go through the store's
+migrating reader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from forgerl.schema.store import data_files, file_version, read_files
+from forgerl.schema.tables import SCHEMA_VERSION, TABLES
+
+_Info = tuple[int, Counter]  # (schema version, rows per session)
+_INDEX: dict[str, _Info] = {}
+_LOCK = threading.Lock()
+
+
+def _info(path: str) -> _Info:
+    info = _INDEX.get(path)
+    if info is None:
+        sessions = pq.read_table(path, columns=["session_id"]).column("session_id").to_pylist()
+        info = (file_version(Path(path)), Counter(sessions))
+        with _LOCK:
+            _INDEX[path] = info
+    return info
+
+
+def _forget_missing(files: list[str]) -> None:
+    """Drop files a compaction replaced, so the index stays the size of the dataset."""
+    current = set(files)
+    with _LOCK:
+        for path in [p for p in _INDEX if p not in current]:
+            del _INDEX[path]
+
+
+def session_files(root: str | Path, table: str, session: str) -> list[tuple[str, int]]:
+    """(file, rows of the session in it) for every file of `table` holding `session`."""
+    for _ in range(5):
+        try:
+            files = data_files(root, table)
+            found = [(f, _info(f)[1][session]) for f in files]
+            if len(_INDEX) > 2 * len(files):
+                _forget_missing(files)
+            return [(f, n) for f, n in found if n]
+        except FileNotFoundError:  # a compaction swapped files between listing and reading
+            time.sleep(0.05)
+    raise FileNotFoundError(f"{root}/{table}: files keep vanishing while reading")
+
+
+def session_count(root: str | Path, table: str, session: str) -> int:
+    return sum(n for _, n in session_files(root, table, session))
+
+
+def session_rows(root: str | Path, table: str, session: str, columns: list[str]) -> pa.Table:
+    """The session's rows of `table`, only `columns`, from only the files that hold it."""
+    files = [f for f, _ in session_files(root, table, session)]
+    if any(_INDEX[f][0] != SCHEMA_VERSION for f in files if f in _INDEX):
+        rows = read_files(table, map(Path, files))
+    else:
+        rows = pa.concat_tables([pq.read_table(f, columns=columns) for f in files]) if files else None
+    if rows is None:
+        return TABLES[table].empty_table().select(columns)
+    return rows.filter(pc.equal(rows.column("session_id"), session)).select(columns)
