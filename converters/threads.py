@@ -136,13 +136,35 @@ def _new_segment(segments: list[Segment], call: Call, keys: list[str], tools_key
     return child("edited_history", best)
 
 
+class _Keys:
+    """Message keys memoised by the message's stored part hashes: harnesses resend the same messages."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple, str] = {}
+
+    def __call__(self, call: Call, direction: str) -> list[str]:
+        messages = call.input if direction == "input" else call.output
+        hashes: list[list[str]] = [[] for _ in messages]
+        for part_hash, i in zip(call.row[f"{direction}_refs"], call.row[f"{direction}_msg"]):
+            hashes[i].append(part_hash)
+        out = []
+        for message, parts in zip(messages, hashes):
+            memo_key = (message.role, *parts)
+            key = self.memo.get(memo_key)
+            if key is None:
+                key = self.memo[memo_key] = message_key(message)
+            out.append(key)
+        return out
+
+
 def segment_session(session: Session) -> list[Segment]:
     """Split a session's trainable calls into segments, in order of their first call."""
     segments: list[Segment] = []
+    keys_of = _Keys()
     for call in session.calls:
         if not trainable(call):
             continue
-        keys = [message_key(m) for m in call.input]
+        keys = keys_of(call, "input")
         tools_key = sha256_hex(canonical_json(call.tools))
         target = None
         for seg in segments:
@@ -155,5 +177,5 @@ def segment_session(session: Session) -> list[Segment]:
             target.tools_key = tools_key
             segments.append(target)
         target.calls.append(call)
-        target.keys = keys + [message_key(m) for m in call.output]
+        target.keys = keys + keys_of(call, "output")
     return segments
