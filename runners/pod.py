@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -66,6 +67,8 @@ def run_pod(env: dict[str, str]) -> dict:
 
 
 def main() -> int:
+    # The kubelet stops a deleted or expired pod with SIGTERM: leave through the sandbox's clean-up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     result = run_pod(dict(os.environ))
     text = _fit(result)
     Path(os.environ.get("FORGE_RESULT_PATH", "/dev/termination-log")).write_text(text)

@@ -232,13 +232,24 @@ class FakeKubelet:
                     if event["type"] == "DELETED":
                         proc = self.procs.get(name)
                         if proc is not None and proc.poll() is None:
-                            proc.kill()
+                            threading.Thread(target=self._stop_container, args=(proc,), daemon=True).start()
                     elif name not in seen:
                         seen.add(name)
                         pod = self.core.api_client.sanitize_for_serialization(event["object"])
                         threading.Thread(target=self._run, args=(pod,), daemon=True).start()
             except Exception:  # read timeouts between events; the API going away at the end
                 continue
+
+    @staticmethod
+    def _stop_container(proc, grace_s: float = 5.0) -> None:
+        """Like a kubelet: SIGTERM, a grace period, then SIGKILL (the container's PID namespace takes the rest)."""
+        import signal
+        import subprocess
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
     def _status(self, name: str, phase: str, state: dict, reason: str | None = None) -> None:
         status = {"phase": phase, "containerStatuses": [{"name": "rollout", "image": "", "imageID": "", "ready": False,
@@ -269,6 +280,9 @@ class FakeKubelet:
         cmd = [sys.executable if c == "python3" else c for c in container["command"]]
         if image.endswith(":crash"):
             cmd = [sys.executable, "-c", "import sys; print('segfault in the image'); sys.exit(139)"]
+        from forgerl.runners.sandbox import can_unshare
+        if can_unshare():  # a container is a PID namespace: nothing in it outlives it
+            cmd = ["unshare", "--pid", "--fork", "--kill-child", *cmd]
         self._status(name, "Running", {"running": {"startedAt": "2026-12-03T00:00:00Z"}})
         with open(base / "log", "wb") as log:
             proc = self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -277,7 +291,7 @@ class FakeKubelet:
                 code = proc.wait(timeout=spec.get("activeDeadlineSeconds"))
                 reason = None
             except subprocess.TimeoutExpired:
-                proc.kill()
+                self._stop_container(proc)
                 code, reason = proc.wait(), "DeadlineExceeded"
         logs = (base / "log").read_text(errors="replace")
         self.api.logs[name] = logs
@@ -293,4 +307,17 @@ class FakeKubelet:
         self._stopped = True
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.kill()
+                self._stop_container(proc)
+
+
+def processes_in(folder: Path) -> list[int]:
+    """PIDs whose working directory is inside `folder` (what a rollout under it left running)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "cwd")).is_relative_to(folder):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from forgerl.runners.tasks import find_task
 from forgerl.schema.store import DatasetWriter, read_table
 
 from runner_fixtures import (BENCH, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, FakeKubelet, KubeAPI,
-                             task_script)
+                             processes_in, task_script)
 
 NS = "forgerl"
 FORGE_RUN = str(Path(sys.executable).with_name("forge-run"))
@@ -37,6 +38,10 @@ def cluster(tmp_path):
     api = KubeAPI().start()
     kubelet = FakeKubelet(api.url, NS, tmp_path / "node").start(api)
     yield api
+    deadline = time.monotonic() + 15  # deleted pods get the kubelet's grace period
+    while processes_in(tmp_path / "node") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_in(tmp_path / "node") == [], "a rollout pod left processes behind"
     kubelet.stop()
     api.stop()
 
