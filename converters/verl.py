@@ -7,7 +7,9 @@ dict): a Parquet column cannot hold differently-keyed dicts without padding
 them with null keys, which would then be rendered. The same padding hits the
 JSON schemas in the `tools` column (a Parquet limit, not ours to lift):
 `padded_rows` counts the rows it changes, reported in the manifest, and those
-rows' veRL ids differ from `tokens` in the tool section only.
+rows' veRL ids differ from `tokens` in the tool section only. Empty objects in
+schemas (Claude Code's `additionalProperties: {}`) cannot be stored at all and
+are dropped, which means the same in JSON Schema; such rows count as padded too.
 """
 
 from __future__ import annotations
@@ -49,12 +51,17 @@ actor_rollout_ref:
 """
 
 
-def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
-    """One MultiTurnSFTDataset row; `images` only for rows that have images (veRL then needs a processor)."""
+def sft_row(sample: Sample, blobs: dict[str, bytes]) -> tuple[dict[str, Any], bool]:
+    """One MultiTurnSFTDataset row, and whether its tool schemas had to change to fit Parquet.
+
+    `images` only for rows that have images (veRL then needs a processor).
+    """
     prov = sample.provenance()
+    tools = chat_tools(sample.tools)
+    storable = _without_empty_objects(tools)
     row: dict[str, Any] = {
         "messages": to_chat_messages(sample.messages, arguments="json"),
-        "tools": chat_tools(sample.tools),  # never null: veRL hands the value to the template as is
+        "tools": storable,  # never null: veRL hands the value to the template as is
         "enable_thinking": sample.enable_thinking,
         **{k: prov[k] for k in ("sample_id", "session_id", "segment_id", "segment_reason", "parent_segment",
                                 "harness", "model", "reward")},
@@ -62,7 +69,17 @@ def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
     refs = image_refs(sample.messages)
     if refs:
         row["images"] = [{"bytes": blobs.get(ref)} for ref in refs]
-    return row
+    return row, storable != tools
+
+
+def _without_empty_objects(value: Any) -> Any:
+    """Drop keys whose value is `{}`: Parquet has no struct without fields, and in a JSON schema an
+    empty object (`additionalProperties: {}`, `properties: {}`, `items: {}`) means the same as absent."""
+    if isinstance(value, dict):
+        return {k: _without_empty_objects(v) for k, v in value.items() if v != {}}
+    if isinstance(value, list):
+        return [_without_empty_objects(v) for v in value]
+    return value
 
 
 def rl_row(sample: Sample, agent_name: str, index: int) -> dict[str, Any] | None:

@@ -16,8 +16,12 @@ each part's message index, `input_roles` each message's role and
 
 from __future__ import annotations
 
-import datasets
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
+
+if TYPE_CHECKING:  # importing `datasets` costs ~2 s; only `features()` needs it
+    import datasets
 
 SCHEMA_VERSION = 1
 TS = pa.timestamp("us", tz="UTC")
@@ -150,6 +154,8 @@ COLUMN_DOCS: dict[str, str] = {
 
 
 def _feature(dtype: pa.DataType) -> datasets.features.FeatureType:
+    import datasets
+
     if pa.types.is_list(dtype):
         return datasets.List(_feature(dtype.value_type))
     if pa.types.is_timestamp(dtype):
@@ -159,4 +165,6 @@ def _feature(dtype: pa.DataType) -> datasets.features.FeatureType:
 
 def features(table: str) -> datasets.Features:
     """The `datasets.Features` that match a table's Arrow schema exactly."""
+    import datasets
+
     return datasets.Features({f.name: _feature(f.type) for f in TABLES[table]})

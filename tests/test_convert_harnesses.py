@@ -98,3 +98,19 @@ def test_codex_thread_in_verl_sft(harness_data, tmp_path):
     item = ds[0]
     assert item["input_ids"].tolist() == row["input_ids"]
     assert item["loss_mask"].tolist() == row["loss_mask"]
+
+
+def test_claude_code_in_verl_sft(harness_data, tmp_path):
+    """Claude Code's tool schemas hold empty objects, which Parquet cannot store: the rows still load in veRL."""
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    manifest = convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "claude-code")
+    files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
+    ds = MultiTurnSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 131072,
+                                                        "ignore_input_ids_mismatch": True})
+    assert len(ds) == 4
+    names = {t["function"]["name"] for t in ds.tools[0]}
+    assert {"Bash", "Agent", "Read"} <= names
+    assert manifest["counts"]["verl_sft_rows_padded"] >= 1
+    item = ds[0]
+    assert item["loss_mask"].sum() > 0
