@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from forgerl.cli import run_verb
 from forgerl.schema.store import DatasetError
 
 from . import connect
@@ -103,16 +104,14 @@ COMMANDS = {"report": _report, "sql": _sql, "views": _views}
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except duckdb.Error as e:
-        print(f"forge-analyze: SQL error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    except (UsageError, DatasetError, ValueError, OSError) as e:
-        print(f"forge-analyze: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_verb("forge-analyze", lambda: COMMANDS[args.command](args),
+                    (duckdb.Error, UsageError, DatasetError, ValueError, OSError), _describe)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, duckdb.Error):
+        return f"SQL error: {str(error).splitlines()[0]}"
+    return str(error)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from forgerl.cli import run_verb
 from forgerl.schema.migrations import SchemaVersionError
 from forgerl.schema.store import DatasetError
 
@@ -82,11 +83,12 @@ def main(argv: list[str] | None = None) -> int:
                    filters=filters, val_fraction=args.val_fraction, dedupe=not args.no_dedupe,
                    tokens_from=args.tokens_from, shard_bytes=args.shard_mb * 1024 * 1024, agent_name=args.agent_name,
                    max_length=args.max_length, drift=args.drift, progress=not args.no_progress)
-    try:
-        manifest = convert(args.dataset, args.out, opts)
-    except (DatasetError, SchemaVersionError, TokenizerError, UsageError) as e:
-        print(f"forge-convert: {e}", file=sys.stderr)
-        return 2
+    return run_verb("forge-convert", lambda: _convert(args, opts),
+                    (DatasetError, SchemaVersionError, TokenizerError, UsageError, OSError))
+
+
+def _convert(args: argparse.Namespace, opts: Options) -> int:
+    manifest = convert(args.dataset, args.out, opts)
     counts = manifest["counts"]
     print(f"forge-convert: {counts.get('sessions', 0)} sessions, {counts.get('segments', 0)} segments, "
           f"{counts.get('rows_train', 0)} train + {counts.get('rows_val', 0)} val rows"

@@ -21,6 +21,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from forgerl.cli import run_verb
 from forgerl.schema.store import DatasetError, compact, delete_session, read_manifest
 
 from . import summary
@@ -211,15 +212,14 @@ COMMANDS = {"serve": cmd_serve, "run": cmd_run, "ls": cmd_ls, "show": cmd_show,
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.command in ("ls", "show", "compact", "delete"):
-            read_manifest(Path(args.dir))
-        return COMMANDS[args.command](args)
-    except (UsageError, DatasetError, LookupError, ValueError, OSError) as e:
-        print(f"forge-record: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_verb("forge-record", lambda: _dispatch(args), (UsageError, DatasetError, LookupError, ValueError,
+                                                              OSError))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command in ("ls", "show", "compact", "delete"):
+        read_manifest(Path(args.dir))
+    return COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

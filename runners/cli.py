@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from forgerl.cli import run_verb
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.schema.store import DatasetError, DatasetWriter
 
@@ -172,25 +173,24 @@ def watch(args: argparse.Namespace, tasks: list[Task]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if sum(map(bool, (args.upstream, args.policy, args.recorder_url))) != 1:
-            raise UsageError("give one of --upstream URL (the model API origin), --policy URL or --recorder-url URL")
-        if args.policy and not (args.tokenizer and args.served_model):
-            raise UsageError("--policy needs --tokenizer DIR and --served-model NAME")
-        if args.upstream and not args.upstream.startswith(("http://", "https://")):
-            raise UsageError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
-        if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):
-            raise UsageError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
-        tasks = _select(load_tasks(args.tasks), args.task)
-        get_harness(args.harness).find()
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        return watch(args, tasks) if args.watch else run_round(args, tasks, "")
-    except (UsageError, TaskError, HarnessError, DatasetError, PolicyVersionError, ValueError, OSError,
-            RuntimeError) as e:
-        print(f"forge-run: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_verb("forge-run", lambda: _run(args), (UsageError, TaskError, HarnessError, DatasetError,
+                                                       PolicyVersionError, ValueError, OSError, RuntimeError))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Check the flag combinations, then run one round or watch the policy version."""
+    if sum(map(bool, (args.upstream, args.policy, args.recorder_url))) != 1:
+        raise UsageError("give one of --upstream URL (the model API origin), --policy URL or --recorder-url URL")
+    if args.policy and not (args.tokenizer and args.served_model):
+        raise UsageError("--policy needs --tokenizer DIR and --served-model NAME")
+    if args.upstream and not args.upstream.startswith(("http://", "https://")):
+        raise UsageError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
+    if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):
+        raise UsageError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
+    tasks = _select(load_tasks(args.tasks), args.task)
+    get_harness(args.harness).find()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    return watch(args, tasks) if args.watch else run_round(args, tasks, "")
 
 
 if __name__ == "__main__":

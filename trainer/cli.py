@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from forgerl.cli import run_verb
 from . import rl, sft
 from .launch import LaunchError
 
@@ -29,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (LaunchError, ValueError, OSError) as e:
-        print(f"forge-train: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_verb("forge-train", lambda: args.func(args), (LaunchError, ValueError, OSError))
 
 
 if __name__ == "__main__":
