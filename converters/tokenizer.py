@@ -30,6 +30,8 @@ class LocalTokenizer:
     """The parts of a transformers tokenizer the converters use, from a local directory."""
 
     def __init__(self, directory: Path):
+        # The core install has no torch by design: transformers' "PyTorch was not found" advice is noise here.
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         from tokenizers import Tokenizer
         from transformers.utils.chat_template_utils import render_jinja_template
 
