@@ -31,8 +31,9 @@ from .tasks import Task
 from .sessions import session_count
 from .transcript import rollout_transcript
 
-FLUSH_SETTLE_S = 0.6  # the recorder's writer flushes every 0.5 s
-SETTLE_MAX_S = 10.0
+SETTLE_POLL_S = 0.25
+SETTLE_QUIET_S = 1.5  # three of the recorder's 0.5 s flushes: a loaded machine can delay one or two
+SETTLE_MAX_S = 15.0
 
 
 class InfraError(RuntimeError):
@@ -69,17 +70,21 @@ def await_calls(dataset: Path, session: str) -> int:
     """Wait until the session's recorded calls stop changing over a flush interval; return how many.
 
     Every call was answered before the harness exited, but the recorder's
-    writer (another process) may still be holding the last ones for up to a
-    flush interval, longer on a loaded machine.
+    writer (another process) may still be holding the last ones for a flush
+    interval or more on a loaded machine; grading on the call before the last
+    would see a transcript without the final answer. So wait for the count to
+    stay the same for several flushes (twice as long while it is still 0).
     """
-    deadline = time.monotonic() + SETTLE_MAX_S
-    seen = -1
+    start = time.monotonic()
+    seen, changed = -1, start
     while True:
+        now = time.monotonic()
         count = session_count(dataset, "calls", session) if (dataset / MANIFEST).exists() else 0
-        if count == seen or time.monotonic() > deadline:
+        if count != seen:
+            seen, changed = count, now
+        if now - changed >= SETTLE_QUIET_S * (1 if count else 2) or now - start > SETTLE_MAX_S:
             return count
-        seen = count
-        time.sleep(FLUSH_SETTLE_S)
+        time.sleep(SETTLE_POLL_S)
 
 
 def grade_session(task: Task, dataset: Path, session: str, workspace: Path) -> dict[str, float]:
