@@ -67,7 +67,7 @@ def prepare_workspace(task: Task, workspace: Path) -> None:
 
 
 def await_calls(dataset: Path, session: str) -> int:
-    """Wait until the session's recorded calls stop changing over a flush interval; return how many.
+    """Wait until the session's recorded calls stop changing for several flushes; return how many.
 
     Every call was answered before the harness exited, but the recorder's
     writer (another process) may still be holding the last ones for a flush
