@@ -13,11 +13,16 @@ import duckdb
 
 from forgerl.schema import duck
 
-from .views import VIEWS, materialize, register
+from .views import SHARED, VIEWS, register
 
-__all__ = ["VIEWS", "connect", "materialize"]
+__all__ = ["VIEWS", "connect"]
 
 
-def connect(root: str | os.PathLike, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with a view per dataset table and every behaviour view (`DatasetError` if not a dataset)."""
-    return register(duck.connect(root, threads=threads))
+def connect(root: str | os.PathLike, *, threads: int | None = None,
+            materialize: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with a view per dataset table and every behaviour view (`DatasetError` if not a dataset).
+
+    `materialize` computes the views most others read (`views.SHARED`) once, up front: what a
+    report over every metric wants, and wasted work for a single ad-hoc query.
+    """
+    return register(duck.connect(root, threads=threads), SHARED if materialize else ())

@@ -54,7 +54,7 @@ def _report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out and not out.parent.is_dir():
         raise UsageError(f"--out {out}: no such directory {out.parent}")
-    report = build(connect(args.dataset, threads=args.threads), args.by)
+    report = build(connect(args.dataset, threads=args.threads, materialize=True), args.by)
     page = to_html(report, f"forgerl behaviour report: {Path(args.dataset).resolve().name}") if out else None
     print(table(report))
     if out:

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 import duckdb
 
-from .views import GROUPS, materialize
+from .views import GROUPS
 
 # (column, header, format) of the terminal and HTML tables.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -53,10 +53,9 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
 
 
 def build(con: duckdb.DuckDBPyConnection, by: str = "harness") -> Report:
-    """Compute everything the report shows (`by` must be one of `GROUPS`)."""
+    """Compute everything the report shows (`by` must be one of `GROUPS`; `con` best from `connect(materialize=True)`)."""
     if by not in GROUPS:
         raise ValueError(f"unknown --by column {by!r}; choose one of: {', '.join(GROUPS)}")
-    materialize(con)
     tools_sql = (f"SELECT {GROUPS[by]} AS grp, tool_name, kind, count(*) AS calls FROM tool_calls "
                  f"JOIN session_info USING (session_id) GROUP BY ALL ORDER BY grp, calls DESC, tool_name")
     return Report(by=by, groups=_rows(con, f"SELECT * FROM metrics_by_{by}"),

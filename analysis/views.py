@@ -133,24 +133,24 @@ g AS (
 SELECT *, is_error OR coalesce(exit_code, 0) <> 0 OR error_text AS failed FROM g
 """
 
+# An episode is a run of failed calls of one intent; the first success after it is what ends it, so the
+# episode is keyed by that success's step (NULL: given up, only ever the intent's last run). Both window
+# aggregates share one frame order, so the whole view costs one sort.
 RECOVERIES = """
 WITH a AS (
   SELECT tc.session_id, tc.kind, tc.target, tc.step, tc.turn, tr.failed
   FROM tool_calls tc JOIN tool_results tr USING (session_id, tool_call_id)),
 b AS (
-  SELECT *, lag(failed) OVER (PARTITION BY session_id, kind, target ORDER BY step) AS prev_failed FROM a),
-c AS (
-  SELECT *, sum(CASE WHEN failed AND NOT coalesce(prev_failed, false) THEN 1 ELSE 0 END)
-            OVER (PARTITION BY session_id, kind, target ORDER BY step ROWS UNBOUNDED PRECEDING) AS episode
-  FROM b)
-SELECT session_id, kind, target, episode,
-       count(*) FILTER (WHERE failed) AS failures,
-       min(turn) FILTER (WHERE failed) AS failed_turn,
-       min(turn) FILTER (WHERE NOT failed) AS recovered_turn,
-       min(turn) FILTER (WHERE NOT failed) IS NOT NULL AS recovered,
-       min(turn) FILTER (WHERE NOT failed) - min(turn) FILTER (WHERE failed) AS turns_to_recover
-FROM c WHERE episode > 0
-GROUP BY session_id, kind, target, episode
+  SELECT *, min(step) FILTER (WHERE NOT failed) OVER w AS next_ok_step,
+            arg_min(turn, step) FILTER (WHERE NOT failed) OVER w AS next_ok_turn
+  FROM a
+  WINDOW w AS (PARTITION BY session_id, kind, target ORDER BY step ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING))
+SELECT session_id, kind, target,
+       row_number() OVER (PARTITION BY session_id, kind, target ORDER BY min(step)) AS episode,
+       count(*) AS failures, min(turn) AS failed_turn, any_value(next_ok_turn) AS recovered_turn,
+       next_ok_step IS NOT NULL AS recovered, any_value(next_ok_turn) - min(turn) AS turns_to_recover
+FROM b WHERE failed
+GROUP BY session_id, kind, target, next_ok_step
 """
 
 VERIFICATION = """
@@ -390,7 +390,7 @@ VIEWS: tuple[View, ...] = (
     *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts", _pass_curve(g)) for g in GROUPS),
 )
 
-# The views that several others read: `materialize` turns them into tables once for a report.
+# The views that several others read: a report computes them into tables once (`register(con, SHARED)`).
 SHARED = ("turns", "tool_calls", "tool_results", "session_info", "session_metrics")
 
 
@@ -403,19 +403,22 @@ def _tables(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE VIEW prices AS SELECT * FROM _prices")
 
 
-def register(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """Create the lookup tables, the pass@k functions and every view in `VIEWS` on `con`."""
+def register(con: duckdb.DuckDBPyConnection, materialized: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
+    """Create the lookup tables, the pass@k functions and every view in `VIEWS` on `con`.
+
+    Views named in `materialized` are computed into temp tables as they are created, so the views
+    after them bind (and later run) against a table instead of re-planning the whole tree: `report`
+    passes `SHARED`, ad-hoc SQL passes nothing and pays only for what it queries.
+    """
     _tables(con)
     for name, fn in (("pass_at_k", pass_at_k), ("pass_pow_k", pass_pow_k)):
         con.create_function(name, fn, ["BIGINT", "BIGINT", "BIGINT"], "DOUBLE", side_effects=False)
+    if materialized:
+        con.execute("SET preserve_insertion_order = false")  # every view that promises an order says ORDER BY
     for view in VIEWS:
-        con.execute(f"CREATE VIEW {view.name} AS {view.sql}")
+        if view.name in materialized:
+            con.execute(f"CREATE TEMP TABLE _m_{view.name} AS {view.sql}")
+            con.execute(f"CREATE VIEW {view.name} AS SELECT * FROM _m_{view.name}")
+        else:
+            con.execute(f"CREATE VIEW {view.name} AS {view.sql}")
     return con
-
-
-def materialize(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED) -> None:
-    """Compute the shared views once (as temp tables) so a report reading them many times stays fast."""
-    con.execute("SET preserve_insertion_order = false")  # every view that promises an order says ORDER BY
-    for name in names:
-        con.execute(f"CREATE TEMP TABLE _m_{name} AS SELECT * FROM {name}")
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _m_{name}")

@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from forgerl.schema import duck
 from forgerl.schema.messages import Message
 from forgerl.schema.migrations import SchemaVersionError
 from forgerl.schema.records import call_messages
@@ -87,16 +88,8 @@ def check_dataset(root: Path) -> dict:
 
 
 def _connect(root: Path) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(config={"memory_limit": os.environ.get("FORGE_CONVERT_MEMORY", "512MB"),
-                                 "preserve_insertion_order": False})
-    for table, schema in TABLES.items():
-        files = data_files(root, table)
-        if files:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
-        else:
-            con.register(f"_empty_{table}", schema.empty_table())  # a real table: cursors see it too
-            con.execute(f"CREATE TABLE {table} AS SELECT * FROM _empty_{table}")
-    return con
+    return duck.connect(root, config={"memory_limit": os.environ.get("FORGE_CONVERT_MEMORY", "512MB"),
+                                      "preserve_insertion_order": False})
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[dict[str, Any]]:
