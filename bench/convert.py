@@ -10,8 +10,9 @@ chat template gives (as a vLLM upstream records them). Each contender runs in
 a process of its own, so peak RSS is its own:
 
     tokens (engine)     forge-convert --to tokens: recorded ids verbatim, default drift report
-                        (re-renders and re-tokenises each segment's last prompt: a full encode)
-    ... --drift off     the same without the drift report: what the conversion itself costs
+                        (re-renders and re-tokenises a sample of segments' last prompts)
+    ... --drift last    the drift report on every segment: a full render + encode of each conversation
+    ... --drift off     no drift report: what the conversion itself costs
     tokens (template)   forge-convert --to tokens --tokens-from template: rendered like veRL
     verl                MultiTurnSFTDataset over forge-convert's verl-sft output, every item
     raw encode          tokenizers encode_batch over the whole conversations' rendered text
@@ -101,6 +102,8 @@ def _rss_mb() -> float:
 
 
 def run_forge(data: Path, out: Path, extra: list[str]) -> dict:
+    import pandas  # noqa: F401 - pyarrow imports it on first numpy/timezone use; veRL's worker has it already
+    from forgerl.converters import pipeline  # noqa: F401 - imported before the clock, as veRL's modules are
     from forgerl.converters.cli import main
     from forgerl.converters.tokenizer import load_tokenizer
 
@@ -207,6 +210,7 @@ def main() -> int:
                         "--no-progress", "--no-dedupe"]) == 0
         rendered_texts(base / "sft", base / "texts.json")
         engine = child("forge", str(data), str(base / "tok-engine"))
+        engine_last = child("forge", str(data), str(base / "tok-engine-last"), "--drift", "last")
         engine_off = child("forge", str(data), str(base / "tok-engine-off"), "--drift", "off")
         template = child("forge", str(data), str(base / "tok-template"), "--tokens-from", "template")
         template_off = child("forge", str(data), str(base / "tok-template-off"), "--tokens-from", "template",
@@ -214,7 +218,8 @@ def main() -> int:
         verl = child("verl", str(base / "sft"), str(base / "verl-ids.json"))
         raw = child("raw", str(base / "texts.json"))
         same, total = _compare(base / "tok-template", base / "verl-ids.json")
-    print_table(sessions, args.turns, {"tokens (engine)": engine, "tokens (engine, --drift off)": engine_off,
+    print_table(sessions, args.turns, {"tokens (engine)": engine, "tokens (engine, --drift last)": engine_last,
+                                       "tokens (engine, --drift off)": engine_off,
                                        "tokens (template)": template, "tokens (template, --drift off)": template_off,
                                        "veRL MultiTurnSFTDataset": verl, "raw encode_batch": raw}, same, total)
     return 0

@@ -75,12 +75,11 @@ def _metrics(row: dict[str, Any]) -> dict[str, Any]:
     prompt = row.get("input_tokens")
     metrics = {"prompt_tokens": None if prompt is None else prompt + (cached or 0),
                "completion_tokens": row.get("output_tokens"), "cached_tokens": cached}
-    if row.get("prompt_token_ids"):
-        metrics["prompt_token_ids"] = list(row["prompt_token_ids"])
-    if row.get("completion_token_ids"):
-        metrics["completion_token_ids"] = list(row["completion_token_ids"])
-    if row.get("completion_logprobs"):
-        metrics["logprobs"] = [float(v) for v in row["completion_logprobs"]]
+    for column, key in (("prompt_token_ids", "prompt_token_ids"), ("completion_token_ids", "completion_token_ids"),
+                        ("completion_logprobs", "logprobs")):
+        values = row.get(column)
+        if values is not None and len(values):
+            metrics[key] = [None if v != v else v for v in values.tolist()]  # NaN: a logprob not recorded
     return metrics
 
 

@@ -12,6 +12,7 @@ from forgerl.cli import run_verb
 from forgerl.schema.migrations import SchemaVersionError
 from forgerl.schema.store import DatasetError
 
+from . import drift
 from .filters import Filters
 from .pipeline import TARGETS, Options, UsageError, convert
 from .tokenizer import TokenizerError
@@ -52,9 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-from", choices=("engine", "template"), default="engine",
                    help="engine: recorded token ids verbatim where every call has them (default); "
                         "template: always re-render (rows flagged retokenized)")
-    p.add_argument("--drift", choices=("last", "all", "off"), default="last",
-                   help="drift report: re-render each segment's last call (default; its prompt holds the whole "
-                        "history), every call, or none")
+    p.add_argument("--drift", choices=drift.MODES, default="sample",
+                   help=f"drift report: re-render the last call of a sample of segments (default: the first "
+                        f"{drift.SAMPLE_FIRST}, then 1 in {drift.SAMPLE_EVERY} by segment-id hash), of every "
+                        f"segment (last; its prompt holds the whole history), every call (all), or none")
     f = p.add_argument_group("filters")
     f.add_argument("--harness", action="append", default=[], help="keep these harnesses (repeatable)")
     f.add_argument("--model", action="append", default=[], help="keep samples of these models (repeatable)")

@@ -15,10 +15,17 @@ Three checks, each counted with where the first difference sits:
 
 Kinds: `stripped_think`, `tool_call_json_spacing`, `turn_separator`,
 `tokenization` (same text, other split), `other`.
+
+Re-rendering is the template's (and veRL's) whole cost, so by default
+(`sample`) the prompt and history checks run on a deterministic sample of
+segments: the first `SAMPLE_FIRST` with engine ids, then one in
+`SAMPLE_EVERY` by a hash of the segment id. A rate over a sample estimates the
+dataset's; `last` checks every segment's last call, `all` every call.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from typing import Any
@@ -30,6 +37,9 @@ from .tokens import Renderer, TokenSample
 
 _EXAMPLES = 20
 _WINDOW = 40
+SAMPLE_FIRST = 8
+SAMPLE_EVERY = 64
+MODES = ("sample", "last", "all", "off")
 _SPACE = re.compile(r"\s+")
 
 
@@ -60,9 +70,14 @@ def classify(engine: str, rendered: str) -> tuple[str, int]:
     return "other", at
 
 
+def _in_sample(segment_id: str) -> bool:
+    return int.from_bytes(hashlib.blake2b(segment_id.encode(), digest_size=8).digest(), "big") % SAMPLE_EVERY == 0
+
+
 class DriftReport:
-    def __init__(self, renderer: Renderer | None):
-        self.renderer = renderer
+    def __init__(self, renderer: Renderer | None, mode: str = "sample"):
+        self.renderer, self.mode = renderer, mode
+        self.segments = self.segments_checked = 0
         self.checks: dict[str, Counter] = {name: Counter() for name in
                                            ("prompt_rerender", "history_rerender", "verl_sanity")}
         self.where: dict[str, Counter] = {name: Counter() for name in self.checks}
@@ -84,20 +99,23 @@ class DriftReport:
                                   "engine": engine[max(0, at - _WINDOW): at + _WINDOW],
                                   "rendered": rendered[max(0, at - _WINDOW): at + _WINDOW]})
 
-    def check_calls(self, calls: list[Call], enable_thinking: bool, every: bool = False) -> None:
-        """Prompt and history checks over one segment's calls (in order).
+    def check_segment(self, segment_id: str, calls: list[Call], enable_thinking: bool) -> None:
+        """Prompt and history checks over one segment's calls (in order), if the mode picks the segment.
 
-        By default only the segment's last call is re-rendered (its prompt holds the whole history, so
-        it sees every drift the earlier ones would, at one render per segment instead of one per call);
-        `every` checks each call.
+        Except in `all` mode only the segment's last call is re-rendered: its prompt holds the whole
+        history, so it sees every drift the earlier ones would, at one render per segment.
         """
-        if self.renderer is None:
+        if self.renderer is None or self.mode == "off" or not any(c.engine_ids is not None for c in calls):
             return
+        self.segments += 1
+        if self.mode == "sample" and self.segments > SAMPLE_FIRST and not _in_sample(segment_id):
+            return
+        self.segments_checked += 1
+        every = self.mode == "all"
         previous: Call | None = None
         last = len(calls) - 1
         for n, call in enumerate(calls):
-            prompt = call.row.get("prompt_token_ids")
-            if not prompt or not call.row.get("completion_token_ids"):
+            if call.engine_ids is None:
                 previous = None
                 continue
             if not every and n != last:
@@ -105,9 +123,9 @@ class DriftReport:
                 continue
             rendered = self.renderer.ids(to_chat_messages(call.input, arguments="json"),
                                          chat_tools(call.tools) or None, True, enable_thinking)
-            self._record("prompt_rerender", call.row["call_id"], list(prompt), rendered)
+            self._record("prompt_rerender", call.row["call_id"], call.engine_ids[0].tolist(), rendered)
             if previous is not None:
-                seen = list(previous.row["prompt_token_ids"]) + list(previous.row["completion_token_ids"])
+                seen = [*previous.engine_ids[0].tolist(), *previous.engine_ids[1].tolist()]
                 self._record("history_rerender", call.row["call_id"], seen, rendered[: len(seen)])
             previous = call
 
@@ -124,6 +142,9 @@ class DriftReport:
             out[name] = {"checked": checked, "differ": differ,
                          "rate": round(differ / checked, 4) if checked else None, "where": dict(self.where[name])}
         out["thread_breaks"] = self.thread_breaks
+        out["sampling"] = {"mode": self.mode, "segments_with_engine_ids": self.segments,
+                           "segments_checked": self.segments_checked,
+                           **({"first": SAMPLE_FIRST, "then_one_in": SAMPLE_EVERY} if self.mode == "sample" else {})}
         out["examples"] = self.examples
         return out
 

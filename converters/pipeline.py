@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from forgerl.schema.chat import image_refs
@@ -58,7 +59,7 @@ class Options:
     shard_bytes: int = 128 * 1024 * 1024
     agent_name: str = "forgerl_harness"
     max_length: int = 32768
-    drift: str = "last"
+    drift: str = "sample"
     progress: bool = True
 
 
@@ -100,7 +101,7 @@ class _Writers:
 
 def _dedupe_key(target: str, row: dict[str, Any]) -> bytes:
     if target == "tokens":
-        return canonical_json([row["input_ids"], row["loss_mask"]]).encode()
+        return np.asarray(row["input_ids"], np.int32).tobytes() + b"|" + np.asarray(row["loss_mask"], np.int8).tobytes()
     if target == "verl-sft":
         return canonical_json([row["messages"], row["tools"]]).encode()
     return canonical_json([row["prompt"], row["data_source"]]).encode()
@@ -126,7 +127,7 @@ def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
 def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, dataset_manifest: dict) -> dict:
     counts: Counter = Counter()
     dropped: Counter = Counter()
-    drift = DriftReport(renderer)
+    drift = DriftReport(renderer, opts.drift)
     writers = _Writers(output, opts.target, opts.shard_bytes, counts)
     seen = SeenSet(output.path("dedupe.sqlite")) if opts.dedupe else None
     progress = _progress(opts.progress)
@@ -152,9 +153,9 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
             output.path(split, f"{name}.json").write_text(canonical_json(doc) + "\n")
             counts[f"rows_{split}"] += 1
             continue
-        if renderer is not None and opts.target in ("tokens", "verl-sft") and opts.drift != "off":
+        if opts.target in ("tokens", "verl-sft"):
             for seg in segments:
-                drift.check_calls(seg.calls, True, every=opts.drift == "all")
+                drift.check_segment(seg.segment_id, seg.calls, True)
         for sample in samples(session, segments, opts.mode if opts.target == "tokens" else "thread"):
             reason = opts.filters.sample_reason(sample)
             if reason:

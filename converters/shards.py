@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -44,6 +45,8 @@ class SeenSet:
 def _size(value: Any) -> int:
     if isinstance(value, (str, bytes)):
         return len(value)
+    if isinstance(value, np.ndarray):
+        return value.nbytes
     if isinstance(value, list):  # lists of numbers (ids, masks, logprobs) are sized without a walk
         if not value or value[0] is None or isinstance(value[0], (int, float)):
             return 4 * len(value)
@@ -51,6 +54,33 @@ def _size(value: Any) -> int:
     if isinstance(value, dict):
         return sum(_size(v) + len(k) for k, v in value.items())
     return 8
+
+
+_NUMPY = {pa.int8(): np.int8, pa.int32(): np.int32, pa.int64(): np.int64, pa.float32(): np.float32,
+          pa.float64(): np.float64}
+
+
+def _column(values: list[Any], arrow: pa.DataType) -> pa.Array:
+    """One column of a shard. Lists of numbers (ids, masks, logprobs: numpy arrays or Python lists) are
+    concatenated into one buffer instead of being converted value by value; NaN in them is null."""
+    if not (pa.types.is_list(arrow) and arrow.value_type in _NUMPY):
+        return pa.array(values, type=arrow)
+    dtype = _NUMPY[arrow.value_type]
+    arrays = [None if v is None else np.asarray(v, dtype=dtype) for v in values]
+    lengths = np.array([0 if a is None else len(a) for a in arrays], np.int64)
+    offsets = np.zeros(len(arrays) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    present = [a for a in arrays if a is not None]
+    flat = np.concatenate(present) if present else np.zeros(0, dtype)
+    child = pa.array(flat, type=arrow.value_type, mask=np.isnan(flat) if flat.dtype.kind == "f" else None)
+    return pa.ListArray.from_arrays(pa.array(offsets), child, type=arrow,
+                                    mask=pa.array([a is None for a in arrays], pa.bool_()))
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema | None) -> pa.Table:
+    if schema is None:
+        return pa.Table.from_pylist(rows)
+    return pa.Table.from_arrays([_column([r.get(f.name) for r in rows], f.type) for f in schema], schema=schema)
 
 
 class ShardWriter:
@@ -78,8 +108,10 @@ class ShardWriter:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self.prefix}-{len(self.files):05d}.parquet"
-        table = pa.Table.from_pylist(self.rows, schema=self.schema)
-        pq.write_table(table, path, compression="zstd")
+        table = _table(self.rows, self.schema)
+        strings = [f.name for f in table.schema if pa.types.is_string(f.type)
+                   or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
+        pq.write_table(table, path, compression="zstd", use_dictionary=strings)  # ids, masks: no dictionary
         if self.on_flush is not None:
             self.on_flush(self.rows, table)
         self.files.append(path)

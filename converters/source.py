@@ -4,7 +4,9 @@ Every file is checked up front (footer readable, schema version known), so
 bad input fails before anything is written. Calls and message parts are then
 streamed out of DuckDB ordered by session (DuckDB sorts out of core under a
 memory limit) and merged, so only one session's calls and parts are held at a
-time whatever the dataset size.
+time whatever the dataset size. Token ids and logprobs stay numpy views of the
+Arrow buffers: a session's prompts resend the whole history, so as Python ints
+they would be most of the run's work.
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from datetime import datetime
+from functools import cached_property
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forgerl.schema import duck
 from forgerl.schema.messages import Message
 from forgerl.schema.migrations import SchemaVersionError
-from forgerl.schema.records import call_messages
+from forgerl.schema.records import MessageMemo, call_messages
 from forgerl.schema.store import DatasetError, data_files, file_version, read_manifest
 from forgerl.schema.tables import SCHEMA_VERSION, TABLES
 
@@ -32,20 +36,44 @@ CALL_COLUMNS = ("call_id", "session_id", "seq", "api", "status", "error", "compl
                 "cache_read_tokens", "tools", "request_params", "input_refs", "input_msg", "input_roles",
                 "input_extra", "output_refs", "output_msg", "output_roles", "output_extra", "prompt_token_ids",
                 "completion_token_ids", "completion_logprobs", "policy_version")
+TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 _BATCH = 2048
 
 
 @dataclass
 class Call:
-    """One recorded model call with its messages rebuilt."""
+    """One recorded model call. Its messages are rebuilt on first use, from the session's parts and a
+    memo shared by the session's calls: the thread rebuild needs only the messages it has not seen."""
 
     row: dict[str, Any]
-    input: list[Message]
-    output: list[Message]
+    parts: Mapping[str, str]  # part hash -> part JSON, for the whole session
+    memo: MessageMemo
 
-    @property
+    @cached_property
+    def input(self) -> list[Message]:
+        return call_messages(self.row, self.parts, "input", self.memo)
+
+    @cached_property
+    def output(self) -> list[Message]:
+        return call_messages(self.row, self.parts, "output", self.memo)
+
+    def message(self, direction: str, index: int, hashes: list[str]) -> Message:
+        """One message (`hashes`: its part hashes), without rebuilding the call's others."""
+        extra = self.row[f"{direction}_extra"]
+        return self.memo.message(self.row[f"{direction}_roles"][index], extra[index] if extra else None, hashes,
+                                 self.parts)
+
+    @cached_property
     def tools(self) -> list[dict[str, Any]]:
         return json.loads(self.row["tools"]) if self.row.get("tools") else []
+
+    @property
+    def engine_ids(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The prompt and completion ids the engine reported (int32 arrays), if it reported both."""
+        prompt, completion = self.row.get("prompt_token_ids"), self.row.get("completion_token_ids")
+        if prompt is None or completion is None or not len(prompt) or not len(completion):
+            return None
+        return prompt, completion
 
     @property
     def ok(self) -> bool:
@@ -92,10 +120,32 @@ def _connect(root: Path) -> duckdb.DuckDBPyConnection:
                                       "preserve_insertion_order": False})
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[dict[str, Any]]:
+def _lists(column: pa.Array) -> list[np.ndarray | None]:
+    """Each row of a list column as a numpy view of the Arrow buffer (null list: None; null item: NaN)."""
+    offsets = column.offsets.to_numpy()
+    values = column.values.to_numpy(zero_copy_only=False)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return [values[offsets[i]: offsets[i + 1]] if valid[i] else None for i in range(len(column))]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _times(column: pa.Array) -> list[datetime | None]:
+    """A UTC timestamp column as datetimes, through int64 (pyarrow's own conversion is ~20x slower)."""
+    return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in column.cast(pa.int64()).to_pylist()]
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, arrays: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
     reader = con.sql(sql).to_arrow_reader(_BATCH)
     for batch in reader:
-        yield from batch.to_pylist()
+        special = {name: _lists(batch.column(name)) for name in arrays}
+        special.update({f.name: _times(batch.column(f.name)) for f in batch.schema
+                        if pa.types.is_timestamp(f.type) and f.type.tz in ("UTC", "+00:00") and f.type.unit == "us"})
+        for i, row in enumerate(batch.drop_columns(list(special)).to_pylist()):
+            for name, column in special.items():
+                row[name] = column[i]
+            yield row
 
 
 def _grouped(rows: Iterator[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -133,7 +183,7 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
         blobs.setdefault(sid, {})[digest] = media
     # Two cursors, both ordered by session: merge them one session at a time.
     calls = _grouped(_rows(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls "
-                                "ORDER BY session_id, t_start, seq, call_id"))
+                                "ORDER BY session_id, t_start, seq, call_id", TOKEN_COLUMNS))
     parts_con = con.cursor()
     parts = _grouped(_rows(parts_con, "SELECT DISTINCT session_id, part_hash, part FROM messages ORDER BY session_id"))
     pending_parts: tuple[str, list[dict]] | None = next(parts, None)
@@ -146,12 +196,13 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
         harness = harness_of.get(session_id)
         if harnesses and (harness or "unknown") not in harnesses:
             continue
-        built = []
-        for row in rows:
-            try:
-                built.append(Call(row, call_messages(row, by_hash, "input"), call_messages(row, by_hash, "output")))
-            except KeyError as e:
-                raise DatasetError(f"{root}: call {row['call_id']} references a missing part {e}") from None
+        refs = {h for row in rows for h in (*row["input_refs"], *row["output_refs"])}
+        missing = refs - by_hash.keys()
+        if missing:
+            call = next(r["call_id"] for r in rows if missing & {*r["input_refs"], *r["output_refs"]})
+            raise DatasetError(f"{root}: call {call} references a missing part {sorted(missing)[0]!r}")
+        memo = MessageMemo()
+        built = [Call(row, by_hash, memo) for row in rows]
         yield Session(session_id, harness, built, outcomes.get(session_id), blobs.get(session_id, {}))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from forgerl.schema.chat import to_chat_messages
 from forgerl.schema.messages import Message, canonical_json, sha256_hex
+from forgerl.schema.records import grouped_refs
 
 from .source import Call, Session
 
@@ -68,8 +69,8 @@ class Segment:
         """Message index in `messages()` -> index of the call (in this segment) that generated it."""
         out: dict[int, int] = {}
         for k, call in enumerate(self.calls):
-            start = len(call.input)
-            for j in range(len(call.output)):
+            start = len(call.row["input_roles"])
+            for j in range(len(call.row["output_roles"])):
                 out[start + j] = k
         return out
 
@@ -81,7 +82,7 @@ class Segment:
 
 def trainable(call: Call) -> bool:
     """Calls that hold a model turn: finished without error, with input and an assistant output."""
-    return call.ok and bool(call.input) and any(m.role == "assistant" and m.parts for m in call.output)
+    return call.ok and bool(call.row["input_roles"]) and any(m.role == "assistant" and m.parts for m in call.output)
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
@@ -143,16 +144,15 @@ class _Keys:
         self.memo: dict[tuple, str] = {}
 
     def __call__(self, call: Call, direction: str) -> list[str]:
-        messages = call.input if direction == "input" else call.output
-        hashes: list[list[str]] = [[] for _ in messages]
-        for part_hash, i in zip(call.row[f"{direction}_refs"], call.row[f"{direction}_msg"]):
-            hashes[i].append(part_hash)
+        row = call.row
+        roles = row[f"{direction}_roles"]
         out = []
-        for message, parts in zip(messages, hashes):
-            memo_key = (message.role, *parts)
+        for i, (role, parts) in enumerate(zip(roles, grouped_refs(row[f"{direction}_refs"], row[f"{direction}_msg"],
+                                                                  len(roles)))):
+            memo_key = (role, *parts)
             key = self.memo.get(memo_key)
             if key is None:
-                key = self.memo[memo_key] = message_key(message)
+                key = self.memo[memo_key] = message_key(call.message(direction, i, parts))
             out.append(key)
         return out
 
@@ -161,11 +161,15 @@ def segment_session(session: Session) -> list[Segment]:
     """Split a session's trainable calls into segments, in order of their first call."""
     segments: list[Segment] = []
     keys_of = _Keys()
+    tools_keys: dict[str | None, str] = {}  # stored tools JSON -> canonical key: calls resend the same tools
     for call in session.calls:
         if not trainable(call):
             continue
         keys = keys_of(call, "input")
-        tools_key = sha256_hex(canonical_json(call.tools))
+        raw_tools = call.row.get("tools")
+        tools_key = tools_keys.get(raw_tools)
+        if tools_key is None:
+            tools_key = tools_keys[raw_tools] = sha256_hex(canonical_json(call.tools))
         target = None
         for seg in segments:
             n = len(seg.keys)

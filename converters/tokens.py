@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator
 
+import numpy as np
+
 from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
 
 from .samples import Sample
@@ -33,9 +35,9 @@ from .samples import Sample
 class TokenSample:
     sample: Sample
     part: int
-    input_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float | None] | None
+    input_ids: list[int] | np.ndarray  # numpy from engine ids, lists from the template
+    loss_mask: list[int] | np.ndarray
+    logprobs: list[float | None] | np.ndarray | None  # NaN in an array = no logprob recorded
     retokenized: bool
     template_consistent: bool | None
     whole_ids: list[int] | None = None  # the whole-conversation render, kept when it differs
@@ -75,32 +77,53 @@ class Renderer:
 
 
 def has_engine_ids(sample: Sample) -> bool:
-    return all(c.row.get("prompt_token_ids") and c.row.get("completion_token_ids") for c in sample.calls)
+    return all(c.engine_ids is not None for c in sample.calls)
+
+
+def _extends(prompt: np.ndarray, previous: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Does `prompt` start with the previous call's prompt + completion? (That prompt was checked the same
+    way against the one before it, so this is the whole thread so far, at two comparisons per call.)"""
+    before, completion = previous
+    n = len(before)
+    return (len(prompt) >= n + len(completion) and np.array_equal(prompt[:n], before)
+            and np.array_equal(prompt[n: n + len(completion)], completion))
 
 
 def engine_tokens(sample: Sample) -> Iterator[TokenSample]:
-    """The recorded ids, cut where a call's prompt does not extend the ids before it."""
-    ids: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float | None] = []
-    part = 0
+    """The recorded ids, cut where a call's prompt does not extend the ids before it.
+
+    Ids, mask and logprobs are numpy arrays (NaN where no logprob was recorded): the ids are the
+    engine's, so nothing here needs them as Python ints.
+    """
+    pieces: list[np.ndarray] = []
+    scores: list[np.ndarray] = []
+    trained: list[bool] = []
+    length = part = 0
+    previous: tuple[np.ndarray, np.ndarray] | None = None
     for call in sample.calls:
-        prompt, completion = list(call.row["prompt_token_ids"]), list(call.row["completion_token_ids"])
-        recorded = call.row.get("completion_logprobs")
-        scores = list(recorded) if recorded is not None and len(recorded) == len(completion) else [None] * len(completion)
-        if ids and prompt[: len(ids)] != ids:
-            yield TokenSample(sample, part, ids, mask, _or_none(logprobs), False, None)
+        prompt, completion = call.engine_ids
+        if previous is not None and not _extends(prompt, previous):
+            yield _engine_sample(sample, part, pieces, trained, scores)
             part += 1
-            ids, mask, logprobs = [], [], []
-        new = prompt[len(ids):]
-        ids += new + completion
-        mask += [0] * len(new) + [1] * len(completion)
-        logprobs += [None] * len(new) + scores
-    yield TokenSample(sample, part, ids, mask, _or_none(logprobs), False, None)
+            pieces, scores, trained, length = [], [], [], 0
+        previous = (prompt, completion)
+        new = prompt[length:]
+        recorded = call.row.get("completion_logprobs")
+        pieces += [new, completion]
+        trained += [False, True]
+        scores += [np.full(len(new), np.nan, np.float32),
+                   recorded.astype(np.float32, copy=False) if recorded is not None and len(recorded) == len(completion)
+                   else np.full(len(completion), np.nan, np.float32)]
+        length += len(new) + len(completion)
+    yield _engine_sample(sample, part, pieces, trained, scores)
 
 
-def _or_none(logprobs: list[float | None]) -> list[float | None] | None:
-    return logprobs if any(v is not None for v in logprobs) else None
+def _engine_sample(sample: Sample, part: int, pieces: list[np.ndarray], trained: list[bool],
+                   scores: list[np.ndarray]) -> TokenSample:
+    ids = np.concatenate(pieces).astype(np.int32, copy=False)
+    mask = np.repeat(np.array(trained, np.int8), [len(p) for p in pieces])
+    logprobs = np.concatenate(scores)
+    return TokenSample(sample, part, ids, mask, None if np.isnan(logprobs).all() else logprobs, False, None)
 
 
 def chat_of(sample: Sample) -> tuple[list[dict], list[tuple[int, int]]]:

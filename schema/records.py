@@ -172,19 +172,48 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def messages_from_refs(refs: list[str], msg_index: list[int], roles: list[str],
-                       parts_by_hash: Mapping[str, str], extras: list[str | None] | None = None) -> list[Message]:
-    """Rebuild a call's messages from its refs and a {part_hash: part JSON} map."""
-    grouped: list[list[Part]] = [[] for _ in roles]
+class MessageMemo:
+    """Parts and messages rebuilt once per distinct stored form: a harness resends its history on every call,
+    so one memo per session turns rebuilding every call's messages from quadratic into linear work."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, Part] = {}
+        self.messages: dict[tuple, Message] = {}
+
+    def part(self, part_hash: str, parts_by_hash: Mapping[str, str]) -> Part:
+        part = self.parts.get(part_hash)
+        if part is None:
+            part = self.parts[part_hash] = Part.from_dict(json.loads(parts_by_hash[part_hash]))
+        return part
+
+    def message(self, role: str, extra: str | None, hashes: list[str], parts_by_hash: Mapping[str, str]) -> Message:
+        key = (role, extra, *hashes)
+        message = self.messages.get(key)
+        if message is None:
+            parts = tuple(self.part(h, parts_by_hash) for h in hashes)
+            message = self.messages[key] = Message(role=role, parts=parts, extra=json.loads(extra) if extra else None)
+        return message
+
+
+def grouped_refs(refs: list[str], msg_index: list[int], count: int) -> list[list[str]]:
+    """A call's part hashes grouped per message (`count` messages)."""
+    grouped: list[list[str]] = [[] for _ in range(count)]
     for part_hash, i in zip(refs, msg_index):
-        grouped[i].append(Part.from_dict(json.loads(parts_by_hash[part_hash])))
-    extras = extras or [None] * len(roles)
-    return [Message(role=role, parts=tuple(parts), extra=json.loads(extra) if extra else None)
-            for role, parts, extra in zip(roles, grouped, extras)]
+        grouped[i].append(part_hash)
+    return grouped
 
 
-def call_messages(call: Mapping, parts_by_hash: Mapping[str, str], direction: str = "input") -> list[Message]:
+def messages_from_refs(refs: list[str], msg_index: list[int], roles: list[str],
+                       parts_by_hash: Mapping[str, str], extras: list[str | None] | None = None,
+                       memo: MessageMemo | None = None) -> list[Message]:
+    """Rebuild a call's messages from its refs and a {part_hash: part JSON} map (sharing `memo`'s objects)."""
+    memo = memo or MessageMemo()
+    return [memo.message(role, extra, hashes, parts_by_hash) for role, hashes, extra
+            in zip(roles, grouped_refs(refs, msg_index, len(roles)), extras or [None] * len(roles))]
+
+
+def call_messages(call: Mapping, parts_by_hash: Mapping[str, str], direction: str = "input",
+                  memo: MessageMemo | None = None) -> list[Message]:
     """A `calls` row's input or output messages, whole."""
     return messages_from_refs(call[f"{direction}_refs"], call[f"{direction}_msg"], call[f"{direction}_roles"],
-                              parts_by_hash, call[f"{direction}_extra"])
-
+                              parts_by_hash, call[f"{direction}_extra"], memo)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from forgerl.converters import drift
 from forgerl.converters.cli import main
 from forgerl.schema.chat import chat_tools
 from forgerl.schema import store
@@ -70,6 +71,19 @@ def test_thread_tokens_are_the_engine_ids(chat_data, tmp_path):
     assert by_id["chat-plain:0"]["retokenized"] and by_id["chat-plain:0"]["template_consistent"] is False
     assert manifest["counts"]["engine_ids"] == 4 and manifest["counts"]["retokenized"] == 1
     assert manifest["tokenizer"]["sha256"] and manifest["input"]["schema_version"] == 1
+
+
+def test_drift_report_samples_segments_by_default(chat_data, tmp_path, monkeypatch):
+    """The default re-renders the first SAMPLE_FIRST segments, then 1 in SAMPLE_EVERY; `last` re-renders all."""
+    monkeypatch.setattr(drift, "SAMPLE_FIRST", 1)
+    monkeypatch.setattr(drift, "SAMPLE_EVERY", 1 << 40)  # no segment id hashes into the sample
+    sampled = convert(chat_data, tmp_path / "s", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)["drift"]
+    assert sampled["sampling"] == {"mode": "sample", "segments_with_engine_ids": 2, "segments_checked": 1,
+                                   "first": 1, "then_one_in": 1 << 40}
+    assert sampled["prompt_rerender"]["checked"] == 1
+    every = convert(chat_data, tmp_path / "l", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--drift", "last")
+    assert every["drift"]["sampling"] == {"mode": "last", "segments_with_engine_ids": 2, "segments_checked": 2}
+    assert every["drift"]["prompt_rerender"]["checked"] == 2 and every["options"]["drift"] == "last"
 
 
 def test_per_call_tokens(chat_data, tmp_path):
