@@ -79,12 +79,28 @@ HARNESS_USER_TEXT: dict[str, str] = {
 }
 
 # USD per million tokens: (model prefix, input, output, cache read, cache write), longest prefix wins.
-# Public list prices as of 2026-12; edit to match your contract. Unknown models get no cost.
+# Anthropic rows: platform.claude.com model pages, checked 2026-12-03 (cache write = the 5-minute rate,
+# 1.25x input; the 1-hour rate is 2x and is not told apart in the recorded usage). Sonnet 5 / 5.5 and
+# Haiku 5.5 cache rates and the Sonnet 5.5 cache-read cut of 2026-10-07 are from vendors' price-list
+# changelogs; Haiku 5.5 is its up-to-100k-token-prompt rate. OpenAI rows are unverified list prices.
+# Edit to match your contract. Unknown models get no cost and count as `unpriced_calls`.
 PRICES: tuple[tuple[str, float, float, float, float], ...] = (
+    ("claude-fable-5-1", 10.0, 50.0, 0.25, 12.50),
+    ("claude-fable-5", 10.0, 50.0, 1.0, 12.50),
+    ("claude-mythos-5-1", 10.0, 50.0, 0.25, 12.50),
+    ("claude-mythos-5", 10.0, 50.0, 1.0, 12.50),
+    ("claude-opus-5-5", 4.0, 20.0, 0.20, 5.0),
+    ("claude-opus-5", 5.0, 25.0, 0.50, 6.25),
+    ("claude-opus-4-8", 5.0, 25.0, 0.50, 6.25),
+    ("claude-opus-4-7", 5.0, 25.0, 0.50, 6.25),
+    ("claude-opus-4-6", 5.0, 25.0, 0.50, 6.25),
     ("claude-opus-4-5", 5.0, 25.0, 0.50, 6.25),
     ("claude-opus-4", 15.0, 75.0, 1.50, 18.75),
+    ("claude-sonnet-5-5", 2.0, 10.0, 0.10, 2.50),
+    ("claude-sonnet-5", 2.0, 10.0, 0.20, 2.50),
     ("claude-sonnet-4", 3.0, 15.0, 0.30, 3.75),
     ("claude-3-7-sonnet", 3.0, 15.0, 0.30, 3.75),
+    ("claude-haiku-5-5", 0.10, 0.50, 0.01, 0.125),
     ("claude-haiku-4-5", 1.0, 5.0, 0.10, 1.25),
     ("claude-3-5-haiku", 0.80, 4.0, 0.08, 1.0),
     ("gpt-5-mini", 0.25, 2.0, 0.025, 0.0),

@@ -1,10 +1,12 @@
 """forge-convert --to tokens against veRL's MultiTurnSFTDataset and raw `tokenizers` encode_batch.
 
-    .venv/bin/python bench/convert.py               # 300 conversations
-    .venv/bin/python bench/convert.py --quick       # 40 conversations, smoke
+    .venv/bin/python bench/convert.py                       # 300 conversations, both shapes
+    .venv/bin/python bench/convert.py --shapes claude-code  # one shape
+    .venv/bin/python bench/convert.py --quick               # 40 conversations, smoke
 
 The dataset: N agent sessions (a tool loop of `--turns` calls each, Qwen3
-thinking + one tool call per turn, then a final answer) written with the
+thinking + one tool call per turn, then a final answer; the tools and system
+prompt of the shape, see `shape()`) written with the
 store's own writer, every call carrying the engine token ids the real Qwen3
 chat template gives (as a vLLM upstream records them). Each contender runs in
 a process of its own, so peak RSS is its own:
@@ -41,6 +43,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parent.parent
 TOOL = {"name": "run_shell", "description": "Run a shell command",
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+_WORDS = ("the tool reads writes file path command output error when must should never always use instead of "
+          "before after directory search pattern result line content permission user agent task").split()
+
+
+def _prose(seed: int, words: int) -> str:
+    return " ".join(_WORDS[(seed * 7 + i * 13 + i * i) % len(_WORDS)] for i in range(words)) + "."
+
+
+def shape(name: str) -> tuple[list[dict], str]:
+    """(tools, system prompt) of a session shape.
+
+    `small`: one short tool and a two-line system prompt (the worst case for forge-convert: per-message
+    work dominates). `claude-code`: sized like what Claude Code 2.1.197 sends, measured on the test
+    suite's recordings with the Qwen3 tokenizer: 15.7k tokens of tool schemas (16 tools) and a 1.4k-token
+    system prompt. The text is generated, not Claude Code's.
+    """
+    if name == "small":
+        return [TOOL], "You are a careful shell agent. " * 8
+    # every tool takes the same argument names: Parquet would pad differently-keyed schemas with nulls, which
+    # veRL's template then prints (a known limit, counted as verl_sft_rows_padded), and the ids would differ
+    tools = [{"name": "run_shell" if k == 0 else f"tool_{k}", "description": _prose(k, 700),
+              "parameters": {"type": "object", "properties": {
+                  name: {"type": "string", "description": _prose(k * 10 + j, 40)}
+                  for j, name in enumerate(("cmd", "path", "pattern", "mode"))}, "required": ["cmd"]}}
+             for k in range(16)]
+    return tools, _prose(99, 1100)
 
 
 def tokenizer_dir() -> str:
@@ -51,7 +79,7 @@ def tokenizer_dir() -> str:
 
 # -- the dataset -------------------------------------------------------------------------------
 
-def build_dataset(root: Path, sessions: int, turns: int) -> None:
+def build_dataset(root: Path, sessions: int, turns: int, shape_name: str = "small") -> None:
     from forgerl.converters.tokenizer import load_tokenizer
     from forgerl.schema.chat import chat_tools, to_chat_messages
     from forgerl.schema.messages import Exchange, Message, Part
@@ -60,13 +88,14 @@ def build_dataset(root: Path, sessions: int, turns: int) -> None:
 
     tok = load_tokenizer(tokenizer_dir())
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    tools = chat_tools([TOOL])
+    raw_tools, system = shape(shape_name)
+    tools = chat_tools(raw_tools)
     t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
     with DatasetWriter(root, flush_interval=3600) as writer:
         for s in range(sessions):
             sid = f"bench-{s:05d}"
             writer.add_session(sid, harness="bench")
-            history = [Message("system", (Part("text", text="You are a careful shell agent. " * 8),)),
+            history = [Message("system", (Part("text", text=system),)),
                        Message("user", (Part("text", text=f"Task {s}: inspect the repository and report."),))]
             for k in range(turns + 1):
                 last = k == turns
@@ -81,7 +110,7 @@ def build_dataset(root: Path, sessions: int, turns: int) -> None:
                 prompt = tok.apply_chat_template(to_chat_messages(history), tools=tools, add_generation_prompt=True)
                 full = tok.apply_chat_template(to_chat_messages([*history, answer]), tools=tools)
                 completion = full[len(prompt):].removesuffix("<|im_end|>\n")
-                ex = Exchange(input=list(history), output=[answer], tools=[TOOL], model_requested="qwen3",
+                ex = Exchange(input=list(history), output=[answer], tools=raw_tools, model_requested="qwen3",
                               model_returned="qwen3", stop_reason="stop" if last else "tool_calls",
                               prompt_token_ids=tok.encode(prompt),
                               completion_token_ids=tok.encode(completion) + [eos])
@@ -193,6 +222,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sessions", type=int, default=300)
     p.add_argument("--turns", type=int, default=6, help="tool calls per session before the final answer")
+    p.add_argument("--shapes", default="small,claude-code", help="session shapes to run, comma-separated "
+                   "(small, claude-code; see shape())")
     p.add_argument("--quick", action="store_true", help="40 sessions")
     p.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -200,10 +231,18 @@ def main() -> int:
         worker(args.worker)
         return 0
     sessions = 40 if args.quick else args.sessions
+    for shape_name in args.shapes.split(","):
+        if shape_name not in ("small", "claude-code"):
+            p.error(f"unknown shape {shape_name!r}")
+        run_shape(shape_name, sessions, args.turns)
+    return 0
+
+
+def run_shape(shape_name: str, sessions: int, turns: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
         base = Path(tmp)
         data = base / "data"
-        build_dataset(data, sessions, args.turns)
+        build_dataset(data, sessions, turns, shape_name)
         from forgerl.converters.cli import main as convert
 
         assert convert([str(data), "--to", "verl-sft", "--out", str(base / "sft"), "--val-fraction", "0",
@@ -218,11 +257,11 @@ def main() -> int:
         verl = child("verl", str(base / "sft"), str(base / "verl-ids.json"))
         raw = child("raw", str(base / "texts.json"))
         same, total = _compare(base / "tok-template", base / "verl-ids.json")
-    print_table(sessions, args.turns, {"tokens (engine)": engine, "tokens (engine, --drift last)": engine_last,
-                                       "tokens (engine, --drift off)": engine_off,
-                                       "tokens (template)": template, "tokens (template, --drift off)": template_off,
-                                       "veRL MultiTurnSFTDataset": verl, "raw encode_batch": raw}, same, total)
-    return 0
+    print_table(shape_name, sessions, turns,
+                {"tokens (engine)": engine, "tokens (engine, --drift last)": engine_last,
+                 "tokens (engine, --drift off)": engine_off, "tokens (template)": template,
+                 "tokens (template, --drift off)": template_off, "veRL MultiTurnSFTDataset": verl,
+                 "raw encode_batch": raw}, same, total)
 
 
 def _compare(tokens_out: Path, verl_ids: Path) -> tuple[int, int]:
@@ -235,9 +274,9 @@ def _compare(tokens_out: Path, verl_ids: Path) -> tuple[int, int]:
     return sum(1 for k, v in theirs.items() if ours.get(k) == v), len(theirs)
 
 
-def print_table(sessions: int, turns: int, results: dict[str, dict], same: int, total: int) -> None:
+def print_table(shape_name: str, sessions: int, turns: int, results: dict[str, dict], same: int, total: int) -> None:
     verl, raw = results["veRL MultiTurnSFTDataset"], results["raw encode_batch"]
-    print(f"\nforge-convert bench: {sessions} sessions x {turns + 1} calls, Qwen3 tokenizer, "
+    print(f"\nforge-convert bench, shape {shape_name}: {sessions} sessions x {turns + 1} calls, Qwen3 tokenizer, "
           f"{raw['tokens']} tokens in {raw['samples']} thread samples\n")
     print(f"| {'contender':<30} | {'samples/s':>9} | {'tokens/s':>10} | {'vs veRL':>7} | {'vs raw':>6} | "
           f"{'peak RSS MB':>11} |")

@@ -37,7 +37,7 @@ from .tokens import Renderer, TokenSample
 
 _EXAMPLES = 20
 _WINDOW = 40
-SAMPLE_FIRST = 8
+SAMPLE_FIRST = 2
 SAMPLE_EVERY = 64
 MODES = ("sample", "last", "all", "off")
 _SPACE = re.compile(r"\s+")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -37,6 +37,16 @@ CALL_COLUMNS = ("call_id", "session_id", "seq", "api", "status", "error", "compl
                 "input_extra", "output_refs", "output_msg", "output_roles", "output_extra", "prompt_token_ids",
                 "completion_token_ids", "completion_logprobs", "policy_version")
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+_CALL_ORDER = "session_id, t_start, seq, call_id"
+# Harnesses resend the same tool schemas (Claude Code: ~60 kB of JSON) on every call: DuckDB compares
+# them with the call before and ships the text only where it changes.
+_CALLS_SQL = f"""
+SELECT * EXCLUDE (tools), CASE WHEN same_tools THEN NULL ELSE tools END AS tools, same_tools
+FROM (SELECT {', '.join(CALL_COLUMNS)},
+             tools IS NOT DISTINCT FROM lag(tools) OVER (PARTITION BY session_id ORDER BY {_CALL_ORDER}) AS same_tools
+      FROM calls)
+ORDER BY {_CALL_ORDER}
+"""
 _BATCH = 2048
 
 
@@ -63,9 +73,10 @@ class Call:
         return self.memo.message(self.row[f"{direction}_roles"][index], extra[index] if extra else None, hashes,
                                  self.parts)
 
-    @cached_property
+    @property
     def tools(self) -> list[dict[str, Any]]:
-        return json.loads(self.row["tools"]) if self.row.get("tools") else []
+        """The offered tools (parsed once per distinct JSON text; treat as read-only)."""
+        return _parse_tools(self.row["tools"]) if self.row.get("tools") else []
 
     @property
     def engine_ids(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -118,6 +129,11 @@ def check_dataset(root: Path) -> dict:
 def _connect(root: Path) -> duckdb.DuckDBPyConnection:
     return duck.connect(root, config={"memory_limit": os.environ.get("FORGE_CONVERT_MEMORY", "512MB"),
                                       "preserve_insertion_order": False})
+
+
+@lru_cache(maxsize=64)
+def _parse_tools(text: str) -> list[dict[str, Any]]:
+    return json.loads(text)
 
 
 def _lists(column: pa.Array) -> list[np.ndarray | None]:
@@ -182,8 +198,7 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
     for sid, digest, media in blob_media:
         blobs.setdefault(sid, {})[digest] = media
     # Two cursors, both ordered by session: merge them one session at a time.
-    calls = _grouped(_rows(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls "
-                                "ORDER BY session_id, t_start, seq, call_id", TOKEN_COLUMNS))
+    calls = _grouped(_rows(con, _CALLS_SQL, TOKEN_COLUMNS))
     parts_con = con.cursor()
     parts = _grouped(_rows(parts_con, "SELECT DISTINCT session_id, part_hash, part FROM messages ORDER BY session_id"))
     pending_parts: tuple[str, list[dict]] | None = next(parts, None)
@@ -201,6 +216,11 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
         if missing:
             call = next(r["call_id"] for r in rows if missing & {*r["input_refs"], *r["output_refs"]})
             raise DatasetError(f"{root}: call {call} references a missing part {sorted(missing)[0]!r}")
+        tools = None
+        for row in rows:  # the tools text comes once per change (see _CALLS_SQL): one str object shared
+            if row.pop("same_tools"):
+                row["tools"] = tools
+            tools = row["tools"]
         memo = MessageMemo()
         built = [Call(row, by_hash, memo) for row in rows]
         yield Session(session_id, harness, built, outcomes.get(session_id), blobs.get(session_id, {}))
