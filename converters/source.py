@@ -2,11 +2,14 @@
 
 Every file is checked up front (footer readable, schema version known), so
 bad input fails before anything is written. Calls and message parts are then
-streamed out of DuckDB ordered by session (DuckDB sorts out of core under a
-memory limit) and merged, so only one session's calls and parts are held at a
-time whatever the dataset size. Token ids and logprobs stay numpy views of the
-Arrow buffers: a session's prompts resend the whole history, so as Python ints
-they would be most of the run's work.
+streamed out of DuckDB ordered by session and merged, so only one session's
+calls and parts are held at a time. DuckDB cannot sort rows this wide (tool
+schemas, every prompt's ids) out of core, so sessions are read in id ranges
+whose calls fit a share of `FORGE_CONVERT_MEMORY` (estimated from the Parquet
+footers): one pass over the files per range, one range for most datasets.
+Token ids and logprobs stay numpy views of the Arrow buffers: a session's
+prompts resend the whole history, so as Python ints they would be most of the
+run's work.
 """
 
 from __future__ import annotations
@@ -38,15 +41,15 @@ CALL_COLUMNS = ("call_id", "session_id", "seq", "api", "status", "error", "compl
                 "completion_token_ids", "completion_logprobs", "policy_version")
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 _CALL_ORDER = "session_id, t_start, seq, call_id"
-# Harnesses resend the same tool schemas (Claude Code: ~60 kB of JSON) on every call: DuckDB compares
-# them with the call before and ships the text only where it changes.
+# Harnesses resend the same tool schemas (Claude Code: ~60 kB of JSON) on every call, so the sorted
+# stream carries their md5 and the texts come once from a separate query.
 _CALLS_SQL = f"""
-SELECT * EXCLUDE (tools), CASE WHEN same_tools THEN NULL ELSE tools END AS tools, same_tools
-FROM (SELECT {', '.join(CALL_COLUMNS)},
-             tools IS NOT DISTINCT FROM lag(tools) OVER (PARTITION BY session_id ORDER BY {_CALL_ORDER}) AS same_tools
-      FROM calls)
-ORDER BY {_CALL_ORDER}
+SELECT {', '.join(c if c != "tools" else "md5(tools) AS tools_md5" for c in CALL_COLUMNS)} FROM calls
+WHERE session_id BETWEEN $lo AND $hi ORDER BY {_CALL_ORDER}
 """
+_PARTS_SQL = ("SELECT DISTINCT session_id, part_hash, part FROM messages WHERE session_id BETWEEN $lo AND $hi "
+              "ORDER BY session_id")
+_SORT_SHARE = 4  # a batch's calls may take this fraction of the memory limit (DuckDB's sort needs the rest)
 _BATCH = 2048
 
 
@@ -127,7 +130,7 @@ def check_dataset(root: Path) -> dict:
 
 
 def _connect(root: Path) -> duckdb.DuckDBPyConnection:
-    return duck.connect(root, config={"memory_limit": os.environ.get("FORGE_CONVERT_MEMORY", "512MB"),
+    return duck.connect(root, config={"memory_limit": f"{_memory_bytes() // (1 << 20)}MB",
                                       "preserve_insertion_order": False})
 
 
@@ -152,8 +155,9 @@ def _times(column: pa.Array) -> list[datetime | None]:
     return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in column.cast(pa.int64()).to_pylist()]
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str, arrays: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
-    reader = con.sql(sql).to_arrow_reader(_BATCH)
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any],
+          arrays: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
+    reader = con.sql(sql, params=params).to_arrow_reader(_BATCH)
     for batch in reader:
         special = {name: _lists(batch.column(name)) for name in arrays}
         special.update({f.name: _times(batch.column(f.name)) for f in batch.schema
@@ -197,33 +201,78 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
     blobs: dict[str, dict[str, str | None]] = {}
     for sid, digest, media in blob_media:
         blobs.setdefault(sid, {})[digest] = media
-    # Two cursors, both ordered by session: merge them one session at a time.
-    calls = _grouped(_rows(con, _CALLS_SQL, TOKEN_COLUMNS))
-    parts_con = con.cursor()
-    parts = _grouped(_rows(parts_con, "SELECT DISTINCT session_id, part_hash, part FROM messages ORDER BY session_id"))
-    pending_parts: tuple[str, list[dict]] | None = next(parts, None)
-    for session_id, rows in calls:
-        while pending_parts is not None and pending_parts[0] < session_id:
-            pending_parts = next(parts, None)
-        by_hash: dict[str, str] = {}
-        if pending_parts is not None and pending_parts[0] == session_id:
-            by_hash = {r["part_hash"]: r["part"] for r in pending_parts[1]}
-        harness = harness_of.get(session_id)
-        if harnesses and (harness or "unknown") not in harnesses:
-            continue
-        refs = {h for row in rows for h in (*row["input_refs"], *row["output_refs"])}
-        missing = refs - by_hash.keys()
-        if missing:
-            call = next(r["call_id"] for r in rows if missing & {*r["input_refs"], *r["output_refs"]})
-            raise DatasetError(f"{root}: call {call} references a missing part {sorted(missing)[0]!r}")
-        tools = None
-        for row in rows:  # the tools text comes once per change (see _CALLS_SQL): one str object shared
-            if row.pop("same_tools"):
-                row["tools"] = tools
-            tools = row["tools"]
-        memo = MessageMemo()
-        built = [Call(row, by_hash, memo) for row in rows]
-        yield Session(session_id, harness, built, outcomes.get(session_id), blobs.get(session_id, {}))
+    tools_text = dict(con.execute("SELECT md5(tools), any_value(tools) FROM calls WHERE tools IS NOT NULL "
+                                  "GROUP BY 1").fetchall())
+    for lo, hi in _session_ranges(root, con):
+        # Two cursors, both ordered by session: merge them one session at a time.
+        params = {"lo": lo, "hi": hi}
+        calls = _grouped(_rows(con.cursor(), _CALLS_SQL, params, TOKEN_COLUMNS))
+        parts = _grouped(_rows(con.cursor(), _PARTS_SQL, params))
+        pending_parts: tuple[str, list[dict]] | None = next(parts, None)
+        for session_id, rows in calls:
+            while pending_parts is not None and pending_parts[0] < session_id:
+                pending_parts = next(parts, None)
+            by_hash: dict[str, str] = {}
+            if pending_parts is not None and pending_parts[0] == session_id:
+                by_hash = {r["part_hash"]: r["part"] for r in pending_parts[1]}
+            harness = harness_of.get(session_id)
+            if harnesses and (harness or "unknown") not in harnesses:
+                continue
+            refs = {h for row in rows for h in (*row["input_refs"], *row["output_refs"])}
+            missing = refs - by_hash.keys()
+            if missing:
+                call = next(r["call_id"] for r in rows if missing & {*r["input_refs"], *r["output_refs"]})
+                raise DatasetError(f"{root}: call {call} references a missing part {sorted(missing)[0]!r}")
+            for row in rows:  # one str object per distinct tool list, shared by the calls that send it
+                digest = row.pop("tools_md5")
+                row["tools"] = None if digest is None else tools_text[digest]
+            memo = MessageMemo()
+            built = [Call(row, by_hash, memo) for row in rows]
+            yield Session(session_id, harness, built, outcomes.get(session_id), blobs.get(session_id, {}))
+
+
+def _memory_bytes() -> int:
+    text = os.environ.get("FORGE_CONVERT_MEMORY", "512MB").strip().upper().replace("IB", "B")
+    units = {"GB": 1 << 30, "MB": 1 << 20, "KB": 1 << 10, "B": 1}
+    unit = next((u for u in units if text.endswith(u)), None)
+    try:
+        return int(float(text[: -len(unit)] if unit else text) * units[unit or "B"])
+    except ValueError:
+        raise DatasetError(f"FORGE_CONVERT_MEMORY={text!r}: expected a size such as 512MB or 2GB") from None
+
+
+def _bytes_per_call(root: Path) -> float:
+    """Bytes a call row brings into the sort, from the files' footers (tools excluded): token lists at
+    8 bytes a value (Parquet encodes them far smaller than DuckDB holds them), the rest as stored."""
+    columns = set(CALL_COLUMNS) - {"tools"}
+    total = rows = 0
+    for path in data_files(root, "calls"):
+        meta = pq.ParquetFile(path).metadata
+        rows += meta.num_rows
+        for g in range(meta.num_row_groups):
+            for column in (meta.row_group(g).column(c) for c in range(meta.row_group(g).num_columns)):
+                name = column.path_in_schema.split(".")[0]
+                if name in TOKEN_COLUMNS:
+                    total += 8 * column.num_values
+                elif name in columns:
+                    total += column.total_uncompressed_size
+    return total / max(rows, 1)
+
+
+def _session_ranges(root: Path, con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """Consecutive session-id ranges whose calls fit the sort budget (a session is never split)."""
+    per_range = max(1, int(_memory_bytes() / _SORT_SHARE / max(_bytes_per_call(root), 1.0)))
+    ranges: list[tuple[str, str]] = []
+    first, count = None, 0
+    for session_id, calls in con.execute("SELECT session_id, count(*) FROM calls GROUP BY 1 ORDER BY 1").fetchall():
+        first = session_id if first is None else first
+        count += calls
+        if count >= per_range:
+            ranges.append((first, session_id))
+            first, count = None, 0
+    if first is not None:
+        ranges.append((first, session_id))
+    return ranges
 
 
 def blob_bytes(root: Path, hashes: list[str]) -> dict[str, bytes]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from forgerl.converters import drift
+from forgerl.converters import drift, source
 from forgerl.converters.cli import main
 from forgerl.schema.chat import chat_tools
 from forgerl.schema import store
@@ -84,6 +84,17 @@ def test_drift_report_samples_segments_by_default(chat_data, tmp_path, monkeypat
     every = convert(chat_data, tmp_path / "l", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--drift", "last")
     assert every["drift"]["sampling"] == {"mode": "last", "segments_with_engine_ids": 2, "segments_checked": 2}
     assert every["drift"]["prompt_rerender"]["checked"] == 2 and every["options"]["drift"] == "last"
+
+
+def test_sessions_are_read_in_ranges_that_fit_the_memory_limit(chat_data, tmp_path, monkeypatch):
+    """Ranges of sessions sized from the footers give the same rows as one pass over everything."""
+    whole = convert(chat_data, tmp_path / "w", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)
+    monkeypatch.setattr(source, "_SORT_SHARE", 1 << 40)  # a budget under one call: a range per session
+    sessions = whole["counts"]["sessions_read"]
+    assert sessions > 1 and len(source._session_ranges(chat_data, source._connect(chat_data))) == sessions
+    ranged = convert(chat_data, tmp_path / "r", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)
+    assert ranged["counts"] == whole["counts"] and ranged["drift"] == whole["drift"]
+    assert rows(tmp_path / "r") == rows(tmp_path / "w")
 
 
 def test_per_call_tokens(chat_data, tmp_path):

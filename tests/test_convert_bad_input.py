@@ -61,6 +61,11 @@ def test_unknown_target(dataset, tmp_path, capsys):
     assert "unknown --to" in refused(capsys, tmp_path / "o", str(dataset), "--to", "megatron")
 
 
+def test_bad_memory_setting(dataset, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FORGE_CONVERT_MEMORY", "lots")
+    assert "FORGE_CONVERT_MEMORY" in refused(capsys, tmp_path / "o", str(dataset), "--to", "verl-sft")
+
+
 def test_failed_run_keeps_the_old_output(dataset, tmp_path, capsys):
     out = tmp_path / "o"
     assert main([str(dataset), "--to", "verl-rl", "--out", str(out), "--no-progress"]) == 0
