@@ -20,7 +20,8 @@ a process of its own, so peak RSS is its own:
     raw encode          tokenizers encode_batch over the whole conversations' rendered text
                         (rendering not timed: the physical limit of tokenisation alone)
 
-Samples and tokens are the same N thread samples for all. The template run's
+Samples and tokens are the same N thread samples for all; each contender runs
+twice and the faster run counts. The template run's
 ids and loss masks are compared with veRL's item by item. Targets (DESIGN.md
 §9): >= 10x veRL, >= 50 % of raw encode, peak RSS < 1 GB.
 """
@@ -127,6 +128,11 @@ def build_dataset(root: Path, sessions: int, turns: int, shape_name: str = "smal
 # -- contenders (each in its own process) ------------------------------------------------------
 
 def _rss_mb() -> float:
+    """This process's own peak RSS (VmHWM). Not ru_maxrss: Linux carries the forking parent's resident
+    size across exec into it, so every worker would report at least the bench's own peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -189,12 +195,16 @@ def worker(argv: list[str]) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def child(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"bench worker {args[0]} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+def child(*args: str, trials: int = 2) -> dict:
+    """The fastest of `trials` runs, each in a fresh process (peak RSS: the largest of them)."""
+    results = []
+    for _ in range(trials):
+        proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            raise SystemExit(f"bench worker {args[0]} failed:\n{proc.stderr[-3000:]}")
+        results.append(json.loads(line[len("RESULT "):]))
+    return {**min(results, key=lambda r: r["seconds"]), "rss_mb": max(r["rss_mb"] for r in results)}
 
 
 def rendered_texts(sft: Path, out: Path) -> None:

@@ -49,7 +49,7 @@ class Renderer:
     def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
         self.kwargs = dict(template_kwargs or {})
-        self._text = lru_cache(maxsize=4096)(self._render)
+        self._text = lru_cache(maxsize=512)(self._render)  # keys and texts hold whole tool lists: bounded
         empty = [{"role": "user", "content": ""}]
         one, two = self.ids(empty), self.ids(empty * 2)
         self.system_prompt = one[: len(one) - (len(two) - len(one))]

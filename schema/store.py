@@ -71,6 +71,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+_ROW_GROUP_BYTES = 32 << 20
+
+
+def _row_group_rows(table: pa.Table) -> int:
+    """Rows per row group: at most 64k, and about 32 MB of Arrow data. Readers decode a row group's
+    columns a vector (up to 2048 rows) at a time, so a group of calls whose prompts hold 100k token ids
+    each would need gigabytes at once; groups bounded in bytes keep every reader's memory bounded."""
+    per_row = table.nbytes / max(table.num_rows, 1)
+    return max(1, min(64 * 1024, int(_ROW_GROUP_BYTES / max(per_row, 1.0))))
+
+
 def atomic_write_table(path: Path, table: pa.Table, table_name: str, version: int = SCHEMA_VERSION) -> None:
     """Write a Parquet file under a temp name, fsync, rename into place."""
     meta = dict(table.schema.metadata or {})
@@ -78,7 +89,7 @@ def atomic_write_table(path: Path, table: pa.Table, table_name: str, version: in
     table = table.replace_schema_metadata(meta)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "wb") as f:
-        pq.write_table(table, f, compression="zstd", row_group_size=64 * 1024)
+        pq.write_table(table, f, compression="zstd", row_group_size=_row_group_rows(table))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

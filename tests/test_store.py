@@ -237,3 +237,16 @@ def test_outcomes_round_trip_and_unknown_columns(tmp_path):
     rows = read_table(tmp_path / "ds", "outcomes").to_pylist()
     assert [(r["session_id"], r["task_id"], r["reward"], r["passed"]) for r in rows] == [("s1", "t1", 1.0, True)]
     assert rows[0]["writer_id"]
+
+
+def test_row_groups_are_bounded_in_bytes(tmp_path):
+    """Wide rows (a prompt of 100k token ids each) get small row groups, so a reader decoding one group
+    a vector at a time needs tens of MB, not gigabytes; narrow rows keep large groups."""
+    wide = pa.table({"session_id": ["s"] * 400, "prompt_token_ids": [list(range(100_000))] * 400})
+    store.atomic_write_table(tmp_path / "wide.parquet", wide, "calls")
+    meta = pq.ParquetFile(tmp_path / "wide.parquet").metadata
+    assert meta.num_rows == 400 and meta.num_row_groups >= 4
+    assert all(meta.row_group(g).num_rows * 400_000 <= 40 << 20 for g in range(meta.num_row_groups))
+    narrow = pa.table({"session_id": [f"s{i}" for i in range(50_000)]})
+    store.atomic_write_table(tmp_path / "narrow.parquet", narrow, "sessions")
+    assert pq.ParquetFile(tmp_path / "narrow.parquet").metadata.num_row_groups == 1
