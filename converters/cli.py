@@ -33,6 +33,10 @@ outputs (under OUT, written aside and renamed into place at the end):
   manifest.json      input version, converter version, tokenizer hash,
                      counts, and the drift report (template vs engine ids)
   verl_config.yaml   data.* keys for veRL (verl-sft, verl-rl)
+
+environment:
+  FORGE_CONVERT_MEMORY  DuckDB's memory limit (default 512MB); sessions are read
+                        in id ranges whose calls fit a quarter of it
 """
 
 
