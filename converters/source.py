@@ -49,7 +49,7 @@ WHERE session_id BETWEEN $lo AND $hi ORDER BY {_CALL_ORDER}
 """
 _PARTS_SQL = ("SELECT DISTINCT session_id, part_hash, part FROM messages WHERE session_id BETWEEN $lo AND $hi "
               "ORDER BY session_id")
-_SORT_SHARE = 4  # a batch's calls may take this fraction of the memory limit (DuckDB's sort needs the rest)
+_SORT_SHARE = 4  # a range's calls may fill 1/_SORT_SHARE of the memory limit (DuckDB's sort needs the rest)
 _BATCH = 2048
 
 
