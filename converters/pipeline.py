@@ -183,8 +183,8 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
         "target": opts.target, "mode": opts.mode if opts.target == "tokens" else "thread",
         "tokenizer": None if renderer is None else {"name": opts.tokenizer,
                                                      "sha256": tokenizer_hash(renderer.tokenizer)},
-        "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from, "drift": opts.drift,
-                    "harnesses": sorted(opts.harnesses)},
+        "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from,
+                    "drift": opts.drift, "harnesses": sorted(opts.harnesses)},
         "counts": dict(counts), "dropped": dict(dropped), "files": files,
         "drift": drift.to_dict() if renderer is not None else None,
     }

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
 from datetime import datetime, timedelta, timezone
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -130,7 +130,7 @@ def check_dataset(root: Path) -> dict:
 
 
 def _connect(root: Path) -> duckdb.DuckDBPyConnection:
-    return duck.connect(root, config={"memory_limit": f"{_memory_bytes() // (1 << 20)}MB",
+    return duck.connect(root, config={"memory_limit": f"{_memory_bytes()}B",
                                       "preserve_insertion_order": False})
 
 
@@ -232,11 +232,14 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
 
 
 def _memory_bytes() -> int:
+    """FORGE_CONVERT_MEMORY in bytes (KB/MB/GB, or KiB/MiB/GiB: both powers of 1024); a unit is required."""
     text = os.environ.get("FORGE_CONVERT_MEMORY", "512MB").strip().upper().replace("IB", "B")
-    units = {"GB": 1 << 30, "MB": 1 << 20, "KB": 1 << 10, "B": 1}
+    units = {"GB": 1 << 30, "MB": 1 << 20, "KB": 1 << 10}
     unit = next((u for u in units if text.endswith(u)), None)
     try:
-        return int(float(text[: -len(unit)] if unit else text) * units[unit or "B"])
+        if unit is None:
+            raise ValueError(text)
+        return int(float(text[: -len(unit)]) * units[unit])
     except ValueError:
         raise DatasetError(f"FORGE_CONVERT_MEMORY={text!r}: expected a size such as 512MB or 2GB") from None
 

@@ -5,8 +5,9 @@ its sources both), so a query sees whole files even mid-compaction. Tables
 with no files yet are empty tables of the right schema, so queries over a
 fresh dataset work rather than fail; they are real tables so every cursor of
 the connection sees them. Data files are written once and never changed, so
-Parquet footers are cached: views over views re-read no footer. Schema version 1 has no migrations; when
-one is added, this is where files older than `SCHEMA_VERSION` get converted.
+Parquet footers are cached: views over views re-read no footer. Schema
+version 1 has no migrations; when one is added, this is where files older
+than `SCHEMA_VERSION` get converted.
 """
 
 from __future__ import annotations

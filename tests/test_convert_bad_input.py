@@ -62,8 +62,9 @@ def test_unknown_target(dataset, tmp_path, capsys):
 
 
 def test_bad_memory_setting(dataset, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("FORGE_CONVERT_MEMORY", "lots")
-    assert "FORGE_CONVERT_MEMORY" in refused(capsys, tmp_path / "o", str(dataset), "--to", "verl-sft")
+    for value in ("lots", "512"):  # a size needs its unit
+        monkeypatch.setenv("FORGE_CONVERT_MEMORY", value)
+        assert "FORGE_CONVERT_MEMORY" in refused(capsys, tmp_path / "o", str(dataset), "--to", "verl-sft")
 
 
 def test_failed_run_keeps_the_old_output(dataset, tmp_path, capsys):
