@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from forgerl.schema.chat import image_refs
 from forgerl.schema.messages import canonical_json
 
 from . import atif as atif_out
@@ -197,7 +196,7 @@ def _rows(opts: Options, renderer: Renderer | None, sample, drift: DriftReport, 
             counts["retokenized" if ts.retokenized else "engine_ids"] += 1
             yield token_row(ts), "part"
     elif opts.target == "verl-sft":
-        refs = image_refs(sample.messages)
+        refs = sample.images
         row, altered = verl.sft_row(sample, blob_bytes(root, refs) if refs else {})
         counts["verl_sft_rows_padded"] += altered
         yield row, "mm" if "images" in row else "part"

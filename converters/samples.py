@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterator, Literal
 
+from forgerl.schema.chat import image_refs
 from forgerl.schema.messages import Message
 
 from .source import Call, Session
@@ -26,9 +28,18 @@ class Sample:
     mode: Mode
     segment: Segment
     calls: list[Call]
-    messages: list[Message]
     trained: dict[int, int]  # message index -> index into `calls` of the call that generated it
     session: Session
+
+    @cached_property
+    def messages(self) -> list[Message]:
+        """The conversation: the last call's input and output (built on first use; engine ids need none)."""
+        return [*self.calls[-1].input, *self.calls[-1].output]
+
+    @property
+    def images(self) -> list[str]:
+        """Blob hashes (or URLs) of the images, in placeholder order."""
+        return image_refs(self.messages) if self.session.has_image_parts else []
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -59,9 +70,9 @@ class Sample:
 def samples(session: Session, segments: list[Segment], mode: Mode) -> Iterator[Sample]:
     for seg in segments:
         if mode == "thread":
-            yield Sample(seg.segment_id, mode, seg, list(seg.calls), seg.messages(), seg.generated(), session)
+            yield Sample(seg.segment_id, mode, seg, list(seg.calls), seg.generated(), session)
             continue
         for k, call in enumerate(seg.calls):
-            start = len(call.input)
-            yield Sample(f"{seg.segment_id}/{k}", mode, seg, [call], [*call.input, *call.output],
-                         {start + j: 0 for j in range(len(call.output))}, session)
+            start = len(call.input_forms)
+            yield Sample(f"{seg.segment_id}/{k}", mode, seg, [call],
+                         {start + j: 0 for j in range(len(call.output_forms))}, session)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from forgerl.schema import duck
 from forgerl.schema.messages import Message
 from forgerl.schema.migrations import SchemaVersionError
-from forgerl.schema.records import MessageMemo, call_messages
+from forgerl.schema.records import MessageMemo, call_forms
 from forgerl.schema.store import DatasetError, data_files, file_version, read_manifest
 from forgerl.schema.tables import SCHEMA_VERSION, TABLES
 
@@ -63,18 +63,25 @@ class Call:
     memo: MessageMemo
 
     @cached_property
+    def input_forms(self) -> list[tuple]:
+        """The input messages' stored forms (`call_forms`): equal forms are equal messages."""
+        return call_forms(self.row, "input")
+
+    @cached_property
+    def output_forms(self) -> list[tuple]:
+        return call_forms(self.row, "output")
+
+    @cached_property
     def input(self) -> list[Message]:
-        return call_messages(self.row, self.parts, "input", self.memo)
+        return [self.message(form) for form in self.input_forms]
 
     @cached_property
     def output(self) -> list[Message]:
-        return call_messages(self.row, self.parts, "output", self.memo)
+        return [self.message(form) for form in self.output_forms]
 
-    def message(self, direction: str, index: int, hashes: list[str]) -> Message:
-        """One message (`hashes`: its part hashes), without rebuilding the call's others."""
-        extra = self.row[f"{direction}_extra"]
-        return self.memo.message(self.row[f"{direction}_roles"][index], extra[index] if extra else None, hashes,
-                                 self.parts)
+    def message(self, form: tuple) -> Message:
+        """The message of a stored form of this session, built once for all its calls."""
+        return self.memo.message(form, self.parts)
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -106,6 +113,11 @@ class Session:
     @property
     def reward(self) -> float | None:
         return self.outcome.get("reward") if self.outcome else None
+
+    @cached_property
+    def has_image_parts(self) -> bool:
+        """Whether any of the session's parts may be an image (a cheap test of the stored JSON)."""
+        return any('"image"' in text for text in self.calls[0].parts.values()) if self.calls else False
 
     @property
     def started(self) -> datetime | None:

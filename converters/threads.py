@@ -27,7 +27,6 @@ from typing import Any
 
 from forgerl.schema.chat import to_chat_messages
 from forgerl.schema.messages import Message, canonical_json, sha256_hex
-from forgerl.schema.records import grouped_refs
 
 from .source import Call, Session
 
@@ -50,7 +49,7 @@ class Segment:
     parent: int | None
     parent_position: int | None  # how many of the parent's calls preceded this segment's first call
     calls: list[Call] = field(default_factory=list)
-    keys: list[str] = field(default_factory=list)  # message keys of last input + last output
+    forms: list[tuple] = field(default_factory=list)  # stored forms of last input + last output
     tools_key: str = ""
 
     @property
@@ -82,7 +81,8 @@ class Segment:
 
 def trainable(call: Call) -> bool:
     """Calls that hold a model turn: finished without error, with input and an assistant output."""
-    return call.ok and bool(call.row["input_roles"]) and any(m.role == "assistant" and m.parts for m in call.output)
+    return call.ok and bool(call.row["input_roles"]) and any(
+        form[0] == "assistant" and len(form) > 2 for form in call.output_forms)
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
@@ -108,17 +108,18 @@ def _waits_on_subagent(segment: Segment) -> bool:
                for m in segment.last.output for p in m.parts)
 
 
-def _new_segment(segments: list[Segment], call: Call, keys: list[str], tools_key: str) -> Segment:
+def _new_segment(segments: list[Segment], call: Call, tools_key: str, keys_of: _Keys) -> Segment:
     index = len(segments)
     if not segments:
         return Segment(call.row["session_id"], index, "start", None, None)
-    shared = [(_common_prefix(keys, s.keys), s) for s in segments]
+    keys = keys_of(call.input_forms, call)
+    shared = [(_common_prefix(keys, keys_of(s.forms, call)), s) for s in segments]
     best_len, best = max(shared, key=lambda x: (x[0], x[1].index))
 
     def child(reason: str, parent: Segment) -> Segment:
         return Segment(call.row["session_id"], index, reason, parent.index, len(parent.calls))
 
-    if best_len >= len(best.keys) and best.tools_key != tools_key:
+    if best_len >= len(best.forms) and best.tools_key != tools_key:
         return child("tools_changed", best)
     for seg in reversed(segments):
         summary = _answer_text(seg.last)
@@ -130,7 +131,7 @@ def _new_segment(segments: list[Segment], call: Call, keys: list[str], tools_key
         if waiting:
             return child("subagent", waiting[-1])
         # a resumed harness may rewrite early messages (fresh reminders): shared messages still link it
-        shared_set = [(len(set(keys[system:]) & set(s.keys)), s) for s in segments]
+        shared_set = [(len(set(keys[system:]) & set(keys_of(s.forms, call))), s) for s in segments]
         overlap, best = max(shared_set, key=lambda x: (x[0], x[1].index))
         if overlap < 2:
             return Segment(call.row["session_id"], index, "new_conversation", None, None)
@@ -138,23 +139,37 @@ def _new_segment(segments: list[Segment], call: Call, keys: list[str], tools_key
 
 
 class _Keys:
-    """Message keys memoised by the message's stored part hashes: harnesses resend the same messages."""
+    """Message keys memoised by stored form: harnesses resend the same messages."""
 
     def __init__(self) -> None:
         self.memo: dict[tuple, str] = {}
 
-    def __call__(self, call: Call, direction: str) -> list[str]:
-        row = call.row
-        roles = row[f"{direction}_roles"]
+    def __call__(self, forms: list[tuple], call: Call) -> list[str]:
+        """The keys of `forms` (stored forms of `call`'s session)."""
         out = []
-        for i, (role, parts) in enumerate(zip(roles, grouped_refs(row[f"{direction}_refs"], row[f"{direction}_msg"],
-                                                                  len(roles)))):
-            memo_key = (role, *parts)
-            key = self.memo.get(memo_key)
+        for form in forms:
+            key = self.memo.get(form)
             if key is None:
-                key = self.memo[memo_key] = message_key(call.message(direction, i, parts))
+                key = self.memo[form] = message_key(call.message(form))
             out.append(key)
         return out
+
+
+def _continued(segments: list[Segment], call: Call, tools_key: str, keys_of: _Keys) -> Segment | None:
+    """The longest segment (the first, on ties) whose conversation `call`'s input extends. Equal stored
+    forms settle most calls; message keys are computed only for segments whose forms differ."""
+    forms = call.input_forms
+    keys: list[str] | None = None
+    fits = [s for s in segments if s.tools_key == tools_key and len(s.forms) <= len(forms)]
+    for seg in sorted(fits, key=lambda s: -len(s.forms)):
+        n = len(seg.forms)
+        if forms[:n] == seg.forms:
+            return seg
+        if keys is None:
+            keys = keys_of(forms, call)
+        if keys[:n] == keys_of(seg.forms, call):
+            return seg
+    return None
 
 
 def segment_session(session: Session) -> list[Segment]:
@@ -165,21 +180,15 @@ def segment_session(session: Session) -> list[Segment]:
     for call in session.calls:
         if not trainable(call):
             continue
-        keys = keys_of(call, "input")
         raw_tools = call.row.get("tools")
         tools_key = tools_keys.get(raw_tools)
         if tools_key is None:
             tools_key = tools_keys[raw_tools] = sha256_hex(canonical_json(call.tools))
-        target = None
-        for seg in segments:
-            n = len(seg.keys)
-            if seg.tools_key == tools_key and n <= len(keys) and keys[:n] == seg.keys and (
-                    target is None or n > len(target.keys)):
-                target = seg
+        target = _continued(segments, call, tools_key, keys_of)
         if target is None:
-            target = _new_segment(segments, call, keys, tools_key)
+            target = _new_segment(segments, call, tools_key, keys_of)
             target.tools_key = tools_key
             segments.append(target)
         target.calls.append(call)
-        target.keys = keys + keys_of(call, "output")
+        target.forms = call.input_forms + call.output_forms
     return segments

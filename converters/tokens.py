@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
+from forgerl.schema.chat import chat_tools, to_chat_messages
 
 from .samples import Sample
 
@@ -203,7 +203,7 @@ def token_row(ts: TokenSample) -> dict[str, Any]:
         "reward": s.session.reward,
         "retokenized": ts.retokenized,
         "template_consistent": ts.template_consistent,
-        "images": image_refs(s.messages),
+        "images": s.images,
         "num_tokens": len(ts.input_ids),
         "num_turns": s.turns,
     }

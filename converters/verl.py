@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
+from forgerl.schema.chat import chat_tools, to_chat_messages
 
 from .samples import Sample
 
@@ -66,7 +66,7 @@ def sft_row(sample: Sample, blobs: dict[str, bytes]) -> tuple[dict[str, Any], bo
         **{k: prov[k] for k in ("sample_id", "session_id", "segment_id", "segment_reason", "parent_segment",
                                 "harness", "model", "reward")},
     }
-    refs = image_refs(sample.messages)
+    refs = sample.images
     if refs:
         row["images"] = [{"bytes": blobs.get(ref)} for ref in refs]
     return row, storable != tools

@@ -186,21 +186,30 @@ class MessageMemo:
             part = self.parts[part_hash] = Part.from_dict(json.loads(parts_by_hash[part_hash]))
         return part
 
-    def message(self, role: str, extra: str | None, hashes: list[str], parts_by_hash: Mapping[str, str]) -> Message:
-        key = (role, extra, *hashes)
-        message = self.messages.get(key)
+    def message(self, form: tuple, parts_by_hash: Mapping[str, str]) -> Message:
+        """The message of a stored form (see `message_forms`)."""
+        message = self.messages.get(form)
         if message is None:
+            role, extra, *hashes = form
             parts = tuple(self.part(h, parts_by_hash) for h in hashes)
-            message = self.messages[key] = Message(role=role, parts=parts, extra=json.loads(extra) if extra else None)
+            message = self.messages[form] = Message(role=role, parts=parts, extra=json.loads(extra) if extra else None)
         return message
 
 
-def grouped_refs(refs: list[str], msg_index: list[int], count: int) -> list[list[str]]:
-    """A call's part hashes grouped per message (`count` messages)."""
-    grouped: list[list[str]] = [[] for _ in range(count)]
+def message_forms(refs: list[str], msg_index: list[int], roles: list[str],
+                  extras: list[str | None] | None = None) -> list[tuple]:
+    """Each message's stored form, `(role, extra JSON, *part hashes)`: equal forms are equal messages, so
+    a call's history can be compared with the previous call's without rebuilding either."""
+    grouped: list[list[str]] = [[] for _ in roles]
     for part_hash, i in zip(refs, msg_index):
         grouped[i].append(part_hash)
-    return grouped
+    return [(role, extra, *hashes) for role, extra, hashes in zip(roles, extras or [None] * len(roles), grouped)]
+
+
+def call_forms(call: Mapping, direction: str = "input") -> list[tuple]:
+    """A `calls` row's input or output message forms."""
+    return message_forms(call[f"{direction}_refs"], call[f"{direction}_msg"], call[f"{direction}_roles"],
+                         call[f"{direction}_extra"])
 
 
 def messages_from_refs(refs: list[str], msg_index: list[int], roles: list[str],
@@ -208,8 +217,7 @@ def messages_from_refs(refs: list[str], msg_index: list[int], roles: list[str],
                        memo: MessageMemo | None = None) -> list[Message]:
     """Rebuild a call's messages from its refs and a {part_hash: part JSON} map (sharing `memo`'s objects)."""
     memo = memo or MessageMemo()
-    return [memo.message(role, extra, hashes, parts_by_hash) for role, hashes, extra
-            in zip(roles, grouped_refs(refs, msg_index, len(roles)), extras or [None] * len(roles))]
+    return [memo.message(form, parts_by_hash) for form in message_forms(refs, msg_index, roles, extras)]
 
 
 def call_messages(call: Mapping, parts_by_hash: Mapping[str, str], direction: str = "input",
