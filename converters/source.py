@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forgerl.schema import duck
-from forgerl.schema.messages import Message
+from forgerl.schema.messages import Message, canonical_json, sha256_hex
 from forgerl.schema.migrations import SchemaVersionError
 from forgerl.schema.records import MessageMemo, call_forms
 from forgerl.schema.store import DatasetError, data_files, file_version, read_manifest
@@ -40,12 +40,15 @@ CALL_COLUMNS = ("call_id", "session_id", "seq", "api", "status", "error", "compl
                 "input_extra", "output_refs", "output_msg", "output_roles", "output_extra", "prompt_token_ids",
                 "completion_token_ids", "completion_logprobs", "policy_version")
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
-_CALL_ORDER = "session_id, t_start, seq, call_id"
-# Harnesses resend the same tool schemas (Claude Code: ~60 kB of JSON) on every call, so the sorted
-# stream carries their md5 and the texts come once from a separate query.
+# Every call resends the history's ids and the tool schemas (Claude Code: ~60 kB of JSON), so those columns
+# are most of a calls file. DuckDB sorts the rest, with each row's file and row number; the heavy columns
+# are then read with pyarrow a row group at a time and put in that order (sorting them in DuckDB cost more
+# than the whole conversion of Claude Code-sized sessions).
+HEAVY_COLUMNS = ("tools", *TOKEN_COLUMNS)
 _CALLS_SQL = f"""
-SELECT {', '.join(c if c != "tools" else "md5(tools) AS tools_md5" for c in CALL_COLUMNS)} FROM calls
-WHERE session_id BETWEEN $lo AND $hi ORDER BY {_CALL_ORDER}
+SELECT {', '.join(c for c in CALL_COLUMNS if c not in HEAVY_COLUMNS)}, filename AS _file, file_row_number AS _row
+FROM read_parquet($files, union_by_name=true, filename=true, file_row_number=true)
+WHERE session_id BETWEEN $lo AND $hi ORDER BY session_id, t_start, seq, call_id
 """
 _PARTS_SQL = ("SELECT DISTINCT session_id, part_hash, part FROM messages WHERE session_id BETWEEN $lo AND $hi "
               "ORDER BY session_id")
@@ -87,6 +90,11 @@ class Call:
     def tools(self) -> list[dict[str, Any]]:
         """The offered tools (parsed once per distinct JSON text; treat as read-only)."""
         return _parse_tools(self.row["tools"]) if self.row.get("tools") else []
+
+    @property
+    def tools_key(self) -> str:
+        """A digest of the offered tools' canonical JSON (computed once per distinct stored text)."""
+        return _tools_key(self.row.get("tools"))
 
     @property
     def engine_ids(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -151,6 +159,11 @@ def _parse_tools(text: str) -> list[dict[str, Any]]:
     return json.loads(text)
 
 
+@lru_cache(maxsize=64)
+def _tools_key(text: str | None) -> str:
+    return sha256_hex(canonical_json(_parse_tools(text) if text else []))
+
+
 def _lists(column: pa.Array) -> list[np.ndarray | None]:
     """Each row of a list column as a numpy view of the Arrow buffer (null list: None; null item: NaN)."""
     offsets = column.offsets.to_numpy()
@@ -167,17 +180,67 @@ def _times(column: pa.Array) -> list[datetime | None]:
     return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in column.cast(pa.int64()).to_pylist()]
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any],
-          arrays: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
-    reader = con.sql(sql, params=params).to_arrow_reader(_BATCH)
-    for batch in reader:
-        special = {name: _lists(batch.column(name)) for name in arrays}
-        special.update({f.name: _times(batch.column(f.name)) for f in batch.schema
-                        if pa.types.is_timestamp(f.type) and f.type.tz in ("UTC", "+00:00") and f.type.unit == "us"})
-        for i, row in enumerate(batch.drop_columns(list(special)).to_pylist()):
-            for name, column in special.items():
-                row[name] = column[i]
-            yield row
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for batch in con.sql(sql, params=params).to_arrow_reader(_BATCH):
+        yield from _batch_rows(batch)
+
+
+def _batch_rows(batch: pa.RecordBatch | pa.Table, python: Mapping[str, list] | None = None
+                ) -> Iterator[dict[str, Any]]:
+    """Rows as dicts: token lists as numpy views, UTC timestamps through int64, `python`'s columns as given."""
+    special: dict[str, list] = dict(python or {})
+    special.update({name: _lists(batch.column(name)) for name in TOKEN_COLUMNS if name in batch.schema.names})
+    special.update({f.name: _times(batch.column(f.name)) for f in batch.schema
+                    if pa.types.is_timestamp(f.type) and f.type.tz in ("UTC", "+00:00") and f.type.unit == "us"})
+    for i, row in enumerate(batch.drop_columns([n for n in special if n in batch.schema.names]).to_pylist()):
+        for name, column in special.items():
+            row[name] = column[i]
+        yield row
+
+
+def _call_rows(con: duckdb.DuckDBPyConnection, root: Path, lo: str, hi: str) -> Iterator[dict[str, Any]]:
+    """The calls of sessions lo..hi, ordered by session and recording order, whole."""
+    files = data_files(root, "calls")
+    order = con.sql(_CALLS_SQL, params={"files": files, "lo": lo, "hi": hi}).to_arrow_table()
+    heavy = _heavy_columns(order)
+    order = order.drop_columns(["_file", "_row"])
+    for start in range(0, order.num_rows, _BATCH):
+        yield from _batch_rows(order.slice(start, _BATCH),
+                               {name: column[start: start + _BATCH] for name, column in heavy.items()})
+
+
+def _heavy_columns(order: pa.Table) -> dict[str, list[Any]]:
+    """The heavy columns of `order`'s rows, in its order: token lists as int32/float32 arrays, tools as one
+    str per distinct text. Read a row group at a time and copied out, so memory holds one row group
+    beyond the rows asked for."""
+    files = order.column("_file").to_numpy(zero_copy_only=False)
+    rows = order.column("_row").to_numpy()
+    out: dict[str, list[Any]] = {name: [None] * order.num_rows for name in HEAVY_COLUMNS}
+    shared: dict[str, str] = {}
+    for path in dict.fromkeys(files.tolist()):
+        in_file = np.flatnonzero(files == path)
+        parquet = pq.ParquetFile(path, read_dictionary=["tools"])
+        meta = parquet.metadata
+        starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+        groups = np.searchsorted(starts, rows[in_file], side="right") - 1
+        present = [c for c in HEAVY_COLUMNS if c in parquet.schema_arrow.names]
+        for group in np.unique(groups):
+            chosen = in_file[groups == group].tolist()
+            local = (rows[chosen] - starts[group]).tolist()
+            table = parquet.read_row_group(int(group), columns=present)
+            for name in present:
+                column = table.column(name).combine_chunks()
+                target = out[name]
+                if name == "tools":
+                    texts = [shared.setdefault(t, t) for t in column.dictionary.to_pylist()]
+                    indices = column.indices.to_pylist()
+                    for position, r in zip(chosen, local):
+                        target[position] = None if indices[r] is None else texts[indices[r]]
+                    continue
+                lists = _lists(column)
+                for position, r in zip(chosen, local):
+                    target[position] = None if lists[r] is None else lists[r].copy()
+    return out
 
 
 def _grouped(rows: Iterator[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -213,12 +276,10 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
     blobs: dict[str, dict[str, str | None]] = {}
     for sid, digest, media in blob_media:
         blobs.setdefault(sid, {})[digest] = media
-    tools_text = dict(con.execute("SELECT md5(tools), any_value(tools) FROM calls WHERE tools IS NOT NULL "
-                                  "GROUP BY 1").fetchall())
     for lo, hi in _session_ranges(root, con):
         # Two cursors, both ordered by session: merge them one session at a time.
         params = {"lo": lo, "hi": hi}
-        calls = _grouped(_rows(con.cursor(), _CALLS_SQL, params, TOKEN_COLUMNS))
+        calls = _grouped(_call_rows(con.cursor(), root, lo, hi))
         parts = _grouped(_rows(con.cursor(), _PARTS_SQL, params))
         pending_parts: tuple[str, list[dict]] | None = next(parts, None)
         for session_id, rows in calls:
@@ -235,9 +296,6 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
             if missing:
                 call = next(r["call_id"] for r in rows if missing & {*r["input_refs"], *r["output_refs"]})
                 raise DatasetError(f"{root}: call {call} references a missing part {sorted(missing)[0]!r}")
-            for row in rows:  # one str object per distinct tool list, shared by the calls that send it
-                digest = row.pop("tools_md5")
-                row["tools"] = None if digest is None else tools_text[digest]
             memo = MessageMemo()
             built = [Call(row, by_hash, memo) for row in rows]
             yield Session(session_id, harness, built, outcomes.get(session_id), blobs.get(session_id, {}))

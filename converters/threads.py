@@ -176,14 +176,10 @@ def segment_session(session: Session) -> list[Segment]:
     """Split a session's trainable calls into segments, in order of their first call."""
     segments: list[Segment] = []
     keys_of = _Keys()
-    tools_keys: dict[str | None, str] = {}  # stored tools JSON -> canonical key: calls resend the same tools
     for call in session.calls:
         if not trainable(call):
             continue
-        raw_tools = call.row.get("tools")
-        tools_key = tools_keys.get(raw_tools)
-        if tools_key is None:
-            tools_key = tools_keys[raw_tools] = sha256_hex(canonical_json(call.tools))
+        tools_key = call.tools_key
         target = _continued(segments, call, tools_key, keys_of)
         if target is None:
             target = _new_segment(segments, call, tools_key, keys_of)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,40 @@ class LocalTokenizer:
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
         return self.backend_tokenizer.token_to_id(token)
+
+
+class PieceEncoder:
+    """`encode` with the text between added tokens cached, piece by piece.
+
+    The tokenizer cuts its input at added tokens before it normalises or pre-tokenises anything, so a
+    text's ids are its pieces' ids in a row, and chat renders share most pieces: the system prompt with
+    the tool schemas (Claude Code's are ~16k tokens, the same in every session), and earlier turns. Only
+    added tokens that match exactly (no strip, no single-word, not normalised) are cut on; any others stay
+    inside a piece and the tokenizer handles them there, as it would in the whole text.
+    """
+
+    def __init__(self, backend: Any, pieces: int = 4096):
+        exact = [t.content for t in backend.get_added_tokens_decoder().values()
+                 if not (t.lstrip or t.rstrip or t.single_word or t.normalized)]
+        self.backend = backend
+        self.token_ids = {token: backend.token_to_id(token) for token in exact}
+        longest_first = sorted(exact, key=len, reverse=True)  # leftmost-longest, as the tokenizer matches
+        self.cut = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if exact else None
+        self._piece = lru_cache(maxsize=pieces)(self._encode_piece)
+
+    def _encode_piece(self, text: str) -> tuple[int, ...]:
+        return tuple(self.backend.encode(text, add_special_tokens=False).ids)
+
+    def encode(self, text: str) -> list[int]:
+        if self.cut is None:
+            return list(self._encode_piece(text))
+        ids: list[int] = []
+        for i, piece in enumerate(self.cut.split(text)):
+            if i % 2:
+                ids.append(self.token_ids[piece])
+            elif piece:
+                ids.extend(self._piece(piece))
+        return ids
 
 
 @lru_cache(maxsize=4)

@@ -29,6 +29,7 @@ import numpy as np
 from forgerl.schema.chat import chat_tools, to_chat_messages
 
 from .samples import Sample
+from .tokenizer import PieceEncoder
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Renderer:
         self.tokenizer = tokenizer
         self.kwargs = dict(template_kwargs or {})
         self._text = lru_cache(maxsize=512)(self._render)  # keys and texts hold whole tool lists: bounded
+        self.pieces = PieceEncoder(tokenizer.backend_tokenizer)
         empty = [{"role": "user", "content": ""}]
         one, two = self.ids(empty), self.ids(empty * 2)
         self.system_prompt = one[: len(one) - (len(two) - len(one))]
@@ -73,7 +75,7 @@ class Renderer:
         return self.encode([self.text(messages, tools, generation, enable_thinking)])[0]
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [list(e.ids) for e in self.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return [self.pieces.encode(text) for text in texts]
 
 
 def has_engine_ids(sample: Sample) -> bool:
