@@ -1,15 +1,16 @@
 """Reading a dataset session by session, in bounded memory.
 
 Every file is checked up front (footer readable, schema version known), so
-bad input fails before anything is written. Calls and message parts are then
-streamed out of DuckDB ordered by session and merged, so only one session's
-calls and parts are held at a time. DuckDB cannot sort rows this wide (tool
-schemas, every prompt's ids) out of core, so sessions are read in id ranges
-whose calls fit a share of `FORGE_CONVERT_MEMORY` (estimated from the Parquet
-footers): one pass over the files per range, one range for most datasets.
-Token ids and logprobs stay numpy views of the Arrow buffers: a session's
-prompts resend the whole history, so as Python ints they would be most of the
-run's work.
+bad input fails before anything is written. DuckDB orders the calls by
+session on their narrow columns, with each row's file and row number; the
+heavy columns (every prompt's token ids, the tool schemas) are read with
+pyarrow a row group at a time and put in that order. Message parts stream
+out of DuckDB ordered by session and are merged with the calls, one session
+at a time. Sessions are read in id ranges whose calls fit a share of
+`FORGE_CONVERT_MEMORY` (estimated from the Parquet footers): one pass over
+the files per range, one range for most datasets. Token ids and logprobs stay
+numpy views of the Arrow buffers: a session's prompts resend the whole
+history, so as Python ints they would be most of the run's work.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cached_property, lru_cache
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import duckdb
 import numpy as np
@@ -52,7 +54,7 @@ WHERE session_id BETWEEN $lo AND $hi ORDER BY session_id, t_start, seq, call_id
 """
 _PARTS_SQL = ("SELECT DISTINCT session_id, part_hash, part FROM messages WHERE session_id BETWEEN $lo AND $hi "
               "ORDER BY session_id")
-_SORT_SHARE = 4  # a range's calls may fill 1/_SORT_SHARE of the memory limit (DuckDB's sort needs the rest)
+_SORT_SHARE = 4  # a range's calls may fill 1/_SORT_SHARE of the memory limit (the rest: DuckDB, row groups)
 _BATCH = 2048
 
 
@@ -180,9 +182,10 @@ def _times(column: pa.Array) -> list[datetime | None]:
     return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in column.cast(pa.int64()).to_pylist()]
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for batch in con.sql(sql, params=params).to_arrow_reader(_BATCH):
-        yield from _batch_rows(batch)
+def _part_rows(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(session id, part hash, part JSON) of sessions lo..hi, in session order."""
+    for batch in con.sql(_PARTS_SQL, params=params).to_arrow_reader(_BATCH):
+        yield from zip(*(column.to_pylist() for column in batch.columns))
 
 
 def _batch_rows(batch: pa.RecordBatch | pa.Table, python: Mapping[str, list] | None = None
@@ -211,14 +214,15 @@ def _call_rows(con: duckdb.DuckDBPyConnection, root: Path, lo: str, hi: str) -> 
 
 def _heavy_columns(order: pa.Table) -> dict[str, list[Any]]:
     """The heavy columns of `order`'s rows, in its order: token lists as int32/float32 arrays, tools as one
-    str per distinct text. Read a row group at a time and copied out, so memory holds one row group
-    beyond the rows asked for."""
-    files = order.column("_file").to_numpy(zero_copy_only=False)
+    str per distinct text. Read a row group at a time; rows taken from part of a row group are copied
+    out, so memory holds one row group beyond the rows asked for."""
+    files = order.column("_file").combine_chunks().dictionary_encode()
+    file_of = files.indices.to_numpy()
     rows = order.column("_row").to_numpy()
     out: dict[str, list[Any]] = {name: [None] * order.num_rows for name in HEAVY_COLUMNS}
     shared: dict[str, str] = {}
-    for path in dict.fromkeys(files.tolist()):
-        in_file = np.flatnonzero(files == path)
+    for f, path in enumerate(files.dictionary.to_pylist()):
+        in_file = np.flatnonzero(file_of == f)
         parquet = pq.ParquetFile(path, read_dictionary=["tools"])
         meta = parquet.metadata
         starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
@@ -227,7 +231,7 @@ def _heavy_columns(order: pa.Table) -> dict[str, list[Any]]:
         for group in np.unique(groups):
             chosen = in_file[groups == group].tolist()
             local = (rows[chosen] - starts[group]).tolist()
-            table = parquet.read_row_group(int(group), columns=present)
+            table = parquet.read_row_group(int(group), columns=present, use_threads=False)  # (pool start > gain)
             for name in present:
                 column = table.column(name).combine_chunks()
                 target = out[name]
@@ -238,19 +242,22 @@ def _heavy_columns(order: pa.Table) -> dict[str, list[Any]]:
                         target[position] = None if indices[r] is None else texts[indices[r]]
                     continue
                 lists = _lists(column)
+                whole = len(chosen) == len(table)  # views would keep the whole row group alive: copy a part
                 for position, r in zip(chosen, local):
-                    target[position] = None if lists[r] is None else lists[r].copy()
+                    target[position] = lists[r] if whole or lists[r] is None else lists[r].copy()
     return out
 
 
-def _grouped(rows: Iterator[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def _grouped(items: Iterator[Any], session_of: Callable[[Any], str]) -> Iterator[tuple[str, list[Any]]]:
+    """Runs of items of one session, from a stream ordered by session."""
     current, group = None, []
-    for row in rows:
-        if row["session_id"] != current and group:
+    for item in items:
+        session_id = session_of(item)
+        if session_id != current and group:
             yield current, group
             group = []
-        current = row["session_id"]
-        group.append(row)
+        current = session_id
+        group.append(item)
     if group:
         yield current, group
 
@@ -279,15 +286,15 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
     for lo, hi in _session_ranges(root, con):
         # Two cursors, both ordered by session: merge them one session at a time.
         params = {"lo": lo, "hi": hi}
-        calls = _grouped(_call_rows(con.cursor(), root, lo, hi))
-        parts = _grouped(_rows(con.cursor(), _PARTS_SQL, params))
-        pending_parts: tuple[str, list[dict]] | None = next(parts, None)
+        calls = _grouped(_call_rows(con.cursor(), root, lo, hi), itemgetter("session_id"))
+        parts = _grouped(_part_rows(con.cursor(), params), itemgetter(0))
+        pending_parts: tuple[str, list[tuple[str, str, str]]] | None = next(parts, None)
         for session_id, rows in calls:
             while pending_parts is not None and pending_parts[0] < session_id:
                 pending_parts = next(parts, None)
             by_hash: dict[str, str] = {}
             if pending_parts is not None and pending_parts[0] == session_id:
-                by_hash = {r["part_hash"]: r["part"] for r in pending_parts[1]}
+                by_hash = {digest: part for _, digest, part in pending_parts[1]}
             harness = harness_of.get(session_id)
             if harnesses and (harness or "unknown") not in harnesses:
                 continue
@@ -315,8 +322,9 @@ def _memory_bytes() -> int:
 
 
 def _bytes_per_call(root: Path) -> float:
-    """Bytes a call row brings into the sort, from the files' footers (tools excluded): token lists at
-    8 bytes a value (Parquet encodes them far smaller than DuckDB holds them), the rest as stored."""
+    """Bytes a call holds while its range is read, from the files' footers (tools excluded): token lists at
+    8 bytes a value (the int32 buffers of its row group, and a copy when only part of it is taken; Parquet
+    encodes them far smaller), the rest as stored."""
     columns = set(CALL_COLUMNS) - {"tools"}
     total = rows = 0
     for path in data_files(root, "calls"):
