@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer
 
 from forgerl.converters.tokenizer import LocalTokenizer, PieceEncoder
 
 from convert_fixtures import TOKENIZER_DIR
-from pathlib import Path
 
 TOOLS = [{"type": "function", "function": {"name": "run_shell", "description": "Run a shell command",
                                            "parameters": {"type": "object", "properties": {
