@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import re
+from array import array
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -77,24 +79,38 @@ class PieceEncoder:
     text's ids are its pieces' ids in a row, and chat renders share most pieces: the system prompt with
     the tool schemas (Claude Code's are ~16k tokens, the same in every session), and earlier turns. Only
     added tokens that match exactly (no strip, no single-word, not normalised) are cut on; any others stay
-    inside a piece and the tokenizer handles them there, as it would in the whole text.
+    inside a piece and the tokenizer handles them there, as it would in the whole text. The cache holds
+    pieces of up to `budget_chars` of text in all (8M by default, some 50 MB with their ids).
     """
 
-    def __init__(self, backend: Any, pieces: int = 4096):
+    def __init__(self, backend: Any, budget_chars: int = 8 << 20):
         exact = [t.content for t in backend.get_added_tokens_decoder().values()
                  if not (t.lstrip or t.rstrip or t.single_word or t.normalized)]
         self.backend = backend
         self.token_ids = {token: backend.token_to_id(token) for token in exact}
         longest_first = sorted(exact, key=len, reverse=True)  # leftmost-longest, as the tokenizer matches
         self.cut = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if exact else None
-        self._piece = lru_cache(maxsize=pieces)(self._encode_piece)
+        # least recently used first; bounded by the pieces' text (ids as int32: a tuple of ints is ~9x larger)
+        self._cache: OrderedDict[str, array] = OrderedDict()
+        self._chars, self.budget_chars, self.hits = 0, budget_chars, 0
 
-    def _encode_piece(self, text: str) -> tuple[int, ...]:
-        return tuple(self.backend.encode(text, add_special_tokens=False).ids)
+    def _piece(self, text: str) -> array:
+        ids = self._cache.get(text)
+        if ids is not None:
+            self._cache.move_to_end(text)
+            self.hits += 1
+            return ids
+        ids = array("i", self.backend.encode(text, add_special_tokens=False).ids)
+        if len(text) <= self.budget_chars // 4:
+            self._cache[text] = ids
+            self._chars += len(text)
+            while self._chars > self.budget_chars:
+                self._chars -= len(self._cache.popitem(last=False)[0])
+        return ids
 
     def encode(self, text: str) -> list[int]:
         if self.cut is None:
-            return list(self._encode_piece(text))
+            return self._piece(text).tolist()
         ids: list[int] = []
         for i, piece in enumerate(self.cut.split(text)):
             if i % 2:
