@@ -188,28 +188,22 @@ def _part_rows(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Iterat
         yield from zip(*(column.to_pylist() for column in batch.columns))
 
 
-def _batch_rows(batch: pa.RecordBatch | pa.Table, python: Mapping[str, list] | None = None
-                ) -> Iterator[dict[str, Any]]:
-    """Rows as dicts: token lists as numpy views, UTC timestamps through int64, `python`'s columns as given."""
-    special: dict[str, list] = dict(python or {})
-    special.update({name: _lists(batch.column(name)) for name in TOKEN_COLUMNS if name in batch.schema.names})
-    special.update({f.name: _times(batch.column(f.name)) for f in batch.schema
-                    if pa.types.is_timestamp(f.type) and f.type.tz in ("UTC", "+00:00") and f.type.unit == "us"})
-    for i, row in enumerate(batch.drop_columns([n for n in special if n in batch.schema.names]).to_pylist()):
-        for name, column in special.items():
-            row[name] = column[i]
-        yield row
-
-
-def _call_rows(con: duckdb.DuckDBPyConnection, root: Path, lo: str, hi: str) -> Iterator[dict[str, Any]]:
-    """The calls of sessions lo..hi, ordered by session and recording order, whole."""
-    files = data_files(root, "calls")
+def _call_rows(con: duckdb.DuckDBPyConnection, files: list[str], lo: str, hi: str) -> Iterator[dict[str, Any]]:
+    """The calls of sessions lo..hi in `files`, ordered by session and recording order, whole: the heavy
+    columns from `_heavy_columns`, UTC timestamps through int64."""
     order = con.sql(_CALLS_SQL, params={"files": files, "lo": lo, "hi": hi}).to_arrow_table()
     heavy = _heavy_columns(order)
     order = order.drop_columns(["_file", "_row"])
+    times = [f.name for f in order.schema
+             if pa.types.is_timestamp(f.type) and f.type.tz in ("UTC", "+00:00") and f.type.unit == "us"]
     for start in range(0, order.num_rows, _BATCH):
-        yield from _batch_rows(order.slice(start, _BATCH),
-                               {name: column[start: start + _BATCH] for name, column in heavy.items()})
+        batch = order.slice(start, _BATCH)
+        extra = {name: column[start: start + _BATCH] for name, column in heavy.items()}
+        extra.update({name: _times(batch.column(name)) for name in times})
+        for i, row in enumerate(batch.drop_columns(times).to_pylist()):
+            for name, column in extra.items():
+                row[name] = column[i]
+            yield row
 
 
 def _heavy_columns(order: pa.Table) -> dict[str, list[Any]]:
@@ -283,10 +277,11 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
     blobs: dict[str, dict[str, str | None]] = {}
     for sid, digest, media in blob_media:
         blobs.setdefault(sid, {})[digest] = media
+    call_files = data_files(root, "calls")  # the files the views read: one snapshot for the whole run
     for lo, hi in _session_ranges(root, con):
         # Two cursors, both ordered by session: merge them one session at a time.
         params = {"lo": lo, "hi": hi}
-        calls = _grouped(_call_rows(con.cursor(), root, lo, hi), itemgetter("session_id"))
+        calls = _grouped(_call_rows(con.cursor(), call_files, lo, hi), itemgetter("session_id"))
         parts = _grouped(_part_rows(con.cursor(), params), itemgetter(0))
         pending_parts: tuple[str, list[tuple[str, str, str]]] | None = next(parts, None)
         for session_id, rows in calls:
