@@ -16,7 +16,7 @@ a process of its own, so peak RSS is its own:
     ... --drift last    the drift report on every segment: a full render + encode of each conversation
     ... --drift off     no drift report: what the conversion itself costs
     tokens (template)   forge-convert --to tokens --tokens-from template: rendered like veRL
-    verl                MultiTurnSFTDataset over forge-convert's verl-sft output, every item
+    verl                ForgeSFTDataset (veRL's MultiTurnSFTDataset) over forge-convert's verl-sft output, every item
     raw encode          tokenizers encode_batch over the whole conversations' rendered text
                         (rendering not timed: the physical limit of tokenisation alone)
 
@@ -62,8 +62,6 @@ def shape(name: str) -> tuple[list[dict], str]:
     """
     if name == "small":
         return [TOOL], "You are a careful shell agent. " * 8
-    # every tool takes the same argument names: Parquet would pad differently-keyed schemas with nulls, which
-    # veRL's template then prints (a known limit, counted as verl_sft_rows_padded), and the ids would differ
     tools = [{"name": "run_shell" if k == 0 else f"tool_{k}", "description": _prose(k, 700),
               "parameters": {"type": "object", "properties": {
                   name: {"type": "string", "description": _prose(k * 10 + j, 40)}
@@ -156,13 +154,13 @@ def run_forge(data: Path, out: Path, extra: list[str]) -> dict:
 
 def run_verl(sft: Path, ids_out: Path) -> dict:
     from transformers import AutoTokenizer
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+    from forgerl.trainer.sft_dataset import ForgeSFTDataset
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir())
     files = sorted(str(p) for p in sft.glob("train/*.parquet"))
     t = time.perf_counter()
-    ds = MultiTurnSFTDataset(files, tok, {"pad_mode": "no_padding", "max_length": 1 << 20,
-                                          "ignore_input_ids_mismatch": True})
+    ds = ForgeSFTDataset(files, tok, {"pad_mode": "no_padding", "max_length": 1 << 20,
+                                      "ignore_input_ids_mismatch": True})
     items = [ds[i] for i in range(len(ds))]
     seconds = time.perf_counter() - t
     ids = {sid: [it["input_ids"].tolist(), it["loss_mask"].tolist()]
@@ -216,7 +214,7 @@ def rendered_texts(sft: Path, out: Path) -> None:
     tok = load_tokenizer(tokenizer_dir())
     rows = pq.read_table(sorted(str(p) for p in sft.glob("train/*.parquet")),
                          columns=["messages", "tools"]).to_pylist()
-    texts = [tok.apply_chat_template(_clean(r["messages"]), tools=r["tools"] or None) for r in rows]
+    texts = [tok.apply_chat_template(_clean(r["messages"]), tools=json.loads(r["tools"])) for r in rows]
     out.write_text(json.dumps(texts))
 
 

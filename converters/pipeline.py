@@ -79,15 +79,11 @@ class _Writers:
         self.output, self.target, self.shard_bytes, self.counts = output, target, shard_bytes, counts
         self.writers: dict[tuple[str, str], ShardWriter] = {}
 
-    def _padding(self, rows: list[dict[str, Any]], table: pa.Table) -> None:
-        self.counts["verl_sft_rows_padded"] += verl.padded_rows(rows, table)
-
     def add(self, split: str, row: dict[str, Any], prefix: str = "part") -> None:
         key = (split, prefix)
         if key not in self.writers:
             schema = TOKEN_SCHEMA if self.target == "tokens" else None
-            check = self._padding if self.target == "verl-sft" else None
-            self.writers[key] = ShardWriter(self.output.path(split), prefix, schema, self.shard_bytes, check)
+            self.writers[key] = ShardWriter(self.output.path(split), prefix, schema, self.shard_bytes)
         self.writers[key].add(row)
 
     def close(self) -> dict[str, list[str]]:
@@ -197,8 +193,7 @@ def _rows(opts: Options, renderer: Renderer | None, sample, drift: DriftReport, 
             yield token_row(ts), "part"
     elif opts.target == "verl-sft":
         refs = sample.images
-        row, altered = verl.sft_row(sample, blob_bytes(root, refs) if refs else {})
-        counts["verl_sft_rows_padded"] += altered
+        row = verl.sft_row(sample, blob_bytes(root, refs) if refs else {})
         yield row, "mm" if "images" in row else "part"
     elif opts.target == "verl-rl":
         if sample.segment.parent is None:
@@ -213,8 +208,9 @@ def _config(output: Output, opts: Options, files: dict[str, list[str]]) -> None:
         return
     template = verl.SFT_CONFIG if opts.target == "verl-sft" else verl.RL_CONFIG
     paths = {split: [str(output.out / f) for f in names] for split, names in files.items()}
+    dataset_path, dataset_name = verl.SFT_DATASET_CLASS
     text = template.format(train=paths.get("train", []), val=paths.get("val", []), max_length=opts.max_length,
-                           agent=opts.agent_name)
+                           agent=opts.agent_name, dataset_path=dataset_path, dataset_name=dataset_name)
     output.path("verl_config.yaml").write_text(text)
 
 

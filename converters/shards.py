@@ -13,7 +13,7 @@ import shutil
 import sqlite3
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -87,10 +87,8 @@ class ShardWriter:
     """Rows of one kind to `<dir>/<prefix>-NNNNN.parquet`, a new file every `shard_bytes` of data."""
 
     def __init__(self, directory: Path, prefix: str, schema: pa.Schema | None = None,
-                 shard_bytes: int = 128 * 1024 * 1024,
-                 on_flush: Callable[[list[dict[str, Any]], pa.Table], None] | None = None):
+                 shard_bytes: int = 128 * 1024 * 1024):
         self.directory, self.prefix, self.schema, self.shard_bytes = directory, prefix, schema, shard_bytes
-        self.on_flush = on_flush
         self.rows: list[dict[str, Any]] = []
         self.bytes = 0
         self.files: list[Path] = []
@@ -112,8 +110,6 @@ class ShardWriter:
         strings = [f.name for f in table.schema if pa.types.is_string(f.type)
                    or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
         pq.write_table(table, path, compression="zstd", use_dictionary=strings)  # ids, masks: no dictionary
-        if self.on_flush is not None:
-            self.on_flush(self.rows, table)
         self.files.append(path)
         self.rows, self.bytes = [], 0
 

@@ -1,15 +1,15 @@
 """veRL rows: multi-turn SFT (`MultiTurnSFTDataset`) and RL prompts (`RLHFDataset`), plus config snippets.
 
 SFT rows are thread samples only: veRL puts loss on every assistant message
-of a row, so per-call rows would train each turn once per later call. Tool
-call arguments are JSON strings (what the template's `tojson` writes for the
-dict): a Parquet column cannot hold differently-keyed dicts without padding
-them with null keys, which would then be rendered. The same padding hits the
-JSON schemas in the `tools` column (a Parquet limit, not ours to lift):
-`padded_rows` counts the rows it changes, reported in the manifest, and those
-rows' veRL ids differ from `tokens` in the tool section only. Empty objects in
-schemas (Claude Code's `additionalProperties: {}`) cannot be stored at all and
-are dropped, which means the same in JSON Schema; such rows count as padded too.
+of a row, so per-call rows would train each turn once per later call.
+A Parquet column holds one Arrow type, and JSON Schema is not one: empty
+objects cannot be stored, keys present in one row and absent in another are
+padded with nulls (which the template then prints), `type`, `enum` or
+`default` values of mixed types cannot share a column, ints become floats.
+So `tools` is the JSON text of what the template gets (`chat_tools`, or
+null when none are offered), decoded by `forgerl.trainer.sft_dataset`,
+the dataset class the config names (`data.custom_cls`); tool call arguments
+are JSON strings, which the template prints as it would the dict.
 """
 
 from __future__ import annotations
@@ -21,11 +21,17 @@ from forgerl.schema.chat import chat_tools, to_chat_messages
 
 from .samples import Sample
 
+# veRL's data.custom_cls (path, name) for verl-sft shards: MultiTurnSFTDataset decoding the JSON `tools` column
+SFT_DATASET_CLASS = ("pkg://forgerl.trainer.sft_dataset", "ForgeSFTDataset")
+
 SFT_CONFIG = """\
 # forge-convert --to verl-sft: veRL 0.9.1 SFT trainer keys (flat under data.)
 data:
   train_files: {train}
   val_files: {val}
+  custom_cls:
+    path: {dataset_path}
+    name: {dataset_name}
   messages_key: messages
   tools_key: tools
   enable_thinking_key: enable_thinking
@@ -51,17 +57,12 @@ actor_rollout_ref:
 """
 
 
-def sft_row(sample: Sample, blobs: dict[str, bytes]) -> tuple[dict[str, Any], bool]:
-    """One MultiTurnSFTDataset row, and whether its tool schemas had to change to fit Parquet.
-
-    `images` only for rows that have images (veRL then needs a processor).
-    """
+def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
+    """One MultiTurnSFTDataset row; `images` only for rows that have images (veRL then needs a processor)."""
     prov = sample.provenance()
-    tools = chat_tools(sample.tools)
-    storable = _without_empty_objects(tools)
     row: dict[str, Any] = {
         "messages": to_chat_messages(sample.messages, arguments="json"),
-        "tools": storable,  # never null: veRL hands the value to the template as is
+        "tools": json.dumps(chat_tools(sample.tools) or None, ensure_ascii=False),
         "enable_thinking": sample.enable_thinking,
         **{k: prov[k] for k in ("sample_id", "session_id", "segment_id", "segment_reason", "parent_segment",
                                 "harness", "model", "reward")},
@@ -69,17 +70,7 @@ def sft_row(sample: Sample, blobs: dict[str, bytes]) -> tuple[dict[str, Any], bo
     refs = sample.images
     if refs:
         row["images"] = [{"bytes": blobs.get(ref)} for ref in refs]
-    return row, storable != tools
-
-
-def _without_empty_objects(value: Any) -> Any:
-    """Drop keys whose value is `{}`: Parquet has no struct without fields, and in a JSON schema an
-    empty object (`additionalProperties: {}`, `properties: {}`, `items: {}`) means the same as absent."""
-    if isinstance(value, dict):
-        return {k: _without_empty_objects(v) for k, v in value.items() if v != {}}
-    if isinstance(value, list):
-        return [_without_empty_objects(v) for v in value]
-    return value
+    return row
 
 
 def rl_row(sample: Sample, agent_name: str, index: int) -> dict[str, Any] | None:
@@ -108,19 +99,3 @@ def rl_row(sample: Sample, agent_name: str, index: int) -> dict[str, Any] | None
                        "tools": json.dumps(chat_tools(first.tools), ensure_ascii=False)},
     }
 
-
-
-def padded_rows(rows: list[dict[str, Any]], table: Any) -> int:
-    """Rows whose tools do not read back as written (Arrow struct padding adds null keys, which `tojson`
-    renders). Null keys added to messages are harmless: templates test them with `is defined and not none`."""
-    read = table.select(["messages", "tools"]).to_pylist()
-    return sum(1 for row, back in zip(rows, read)
-               if back["tools"] != row["tools"] or _without_nulls(back["messages"]) != row["messages"])
-
-
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value

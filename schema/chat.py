@@ -20,6 +20,26 @@ policy-serving mode render the same history the same way:
 - `other` parts (server-tool blocks, unknown items) carry nothing a chat
   template can show and are left out; a message holding only such parts
   (e.g. an opaque item Codex replays first) is left out whole.
+
+Tools: the one mapping onto the chat shape `{"type": T, T: definition}`
+(what the template's `tojson` prints), from `Exchange.tools`, where the
+codecs keep each definition with every key the harness sent, in its order:
+
+- Chat Completions: the tool verbatim (`function` object and its keys, key
+  order and `strict` included; `custom` tools likewise).
+- Responses: T is the item's `type`; the definition is the item's other keys
+  in order (`{"type": "function", "name", "parameters", "strict"}` becomes
+  `{"type": "function", "function": {"name", "parameters", "strict"}}`).
+  Built-in tools with no `name` (`web_search`, `local_shell`) get their type
+  as a first key `name`.
+- Anthropic: T is `function` for client tools (no `type`, or `custom`),
+  else the server tool's type (`web_search_20250305`); the definition is
+  the tool's keys in order with `input_schema` renamed `parameters` in place,
+  less `type` and `cache_control` (a caching directive, not part of the tool).
+
+Datasets recorded before the codecs kept definitions whole hold every tool
+as `name`, `description`, `parameters`, with null for a key not sent: a null
+`description` or `parameters` is read as absent.
 """
 
 from __future__ import annotations
@@ -31,6 +51,7 @@ from typing import Any, Iterable, Iterator, Literal
 from .messages import Message, Part
 
 IMAGE_PLACEHOLDER = "<image>"
+_NULL_MEANS_ABSENT = ("description", "parameters")  # tool keys of datasets recorded before tools were kept whole
 ArgumentsForm = Literal["dict", "json"]
 
 
@@ -135,15 +156,12 @@ def image_refs(messages: list[Message]) -> list[str]:
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The normalised tool list (`Exchange.tools`, the calls.tools column) as OpenAI function tools."""
+    """The offered tools (`Exchange.tools`, the calls.tools column) in chat shape, by the mapping above."""
     out: list[dict[str, Any]] = []
     for tool in tools or []:
-        function: dict[str, Any] = {"name": tool.get("name")}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        function["parameters"] = tool.get("parameters") if tool.get("parameters") is not None else {
-            "type": "object", "properties": {}}
-        out.append({"type": "function", "function": function})
+        kind = tool.get("type") or "function"
+        out.append({"type": kind, kind: {key: value for key, value in tool.items() if key != "type"
+                                         and not (value is None and key in _NULL_MEANS_ABSENT)}})
     return out
 
 

@@ -116,8 +116,10 @@ class Exchange:
 
     `params` is the request body minus its messages/system/input (model, tools,
     max_tokens, sampling, stream, ...), so `params` + `input` re-renders the
-    request. `tools` is the normalised tool list offered (name, description,
-    JSON schema) for coverage analysis and chat templates. `blobs` holds the
+    request. `tools` is the tool list offered, each definition with every key
+    the harness sent in its order (`name`, `description`, `parameters` as the
+    JSON schema, `strict`, ...; `type` for tools that are not plain functions),
+    for coverage analysis and chat templates (`schema.chat.chat_tools`). `blobs` holds the
     bytes of images met while parsing, keyed by the hash their parts carry.
     """
 

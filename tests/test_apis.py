@@ -214,7 +214,7 @@ def test_anthropic_round_trip_of_a_claude_code_request() -> None:
         {"name": "Bash", "description": "Executes a bash command.",
          "parameters": CLAUDE_CODE_BODY["tools"][0]["input_schema"]},
         {"name": "Read", "description": "Reads a file.", "parameters": CLAUDE_CODE_BODY["tools"][1]["input_schema"]},
-        {"name": "web_search", "description": None, "parameters": None, "type": "web_search_20250305"},
+        {"name": "web_search", "max_uses": 5, "type": "web_search_20250305"},
     ]
 
 
@@ -758,9 +758,9 @@ def test_chat_round_trip_of_an_openclaw_request() -> None:
     assert (custom.parts[1].tool_name, custom.parts[1].arguments) == ("notes", "free text")
     assert exchange.tools == [
         {"name": "get_weather", "description": "Weather for a city.",
-         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-        {"name": "describe_image", "description": None, "parameters": {"type": "object"}},
-        {"name": "notes", "description": "Free-form notes.", "parameters": None, "type": "custom"},
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": True},
+        {"name": "describe_image", "parameters": {"type": "object"}},
+        {"name": "notes", "description": "Free-form notes.", "type": "custom"},
     ]
 
 

@@ -76,41 +76,40 @@ def test_claude_code_atif_has_the_subagent(harness_data, tmp_path):
 
 
 def test_codex_thread_in_verl_sft(harness_data, tmp_path):
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+    from forgerl.trainer.sft_dataset import ForgeSFTDataset
 
     convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "codex")
     convert(harness_data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "codex")
     (row,) = rows(tmp_path / "t")
     assert row["segment_id"] == "cx:0" and row["num_turns"] == 2 and row["segment_reason"] == "start"
     files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
-    ds = MultiTurnSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 65536,
-                                                        "ignore_input_ids_mismatch": True})
+    ds = ForgeSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 65536,
+                                                   "ignore_input_ids_mismatch": True})
     messages = ds.messages[0]
     calls = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     assert [c["function"]["name"] for c in calls] == ["exec_command"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"cmd": "echo forgerl > proof.txt"}
     tool = next(m for m in messages if m["role"] == "tool")
     assert tool["tool_call_id"] == calls[0]["id"] and "exited with code 0" in tool["content"]
-    # no tool schemas to pad (this Codex build sends its tools in a form the recorder keeps out of
-    # calls.tools), so veRL reads the row back as written and its ids and loss mask are ours
-    assert ds.tools[0] == [] and json.loads(
-        (tmp_path / "s" / "manifest.json").read_text())["counts"]["verl_sft_rows_padded"] == 0
+    # this Codex build sends its tools as namespaces in an `additional_tools` input item
+    assert [(t["type"], t["namespace"]["name"]) for t in ds.tools[0]] == [
+        ("namespace", "functions"), ("namespace", "clock"), ("namespace", "collaboration")]
     item = ds[0]
     assert item["input_ids"].tolist() == row["input_ids"]
     assert item["loss_mask"].tolist() == row["loss_mask"]
 
 
 def test_claude_code_in_verl_sft(harness_data, tmp_path):
-    """Claude Code's tool schemas hold empty objects, which Parquet cannot store: the rows still load in veRL."""
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+    """Claude Code's tool schemas hold empty objects, which a Parquet struct cannot store: veRL gets them all."""
+    from forgerl.trainer.sft_dataset import ForgeSFTDataset
 
-    manifest = convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "claude-code")
+    convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "claude-code")
     files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
-    ds = MultiTurnSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 131072,
-                                                        "ignore_input_ids_mismatch": True})
+    ds = ForgeSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 131072,
+                                                   "ignore_input_ids_mismatch": True})
     assert len(ds) == 4
     names = {t["function"]["name"] for t in ds.tools[0]}
     assert {"Bash", "Agent", "Read"} <= names
-    assert manifest["counts"]["verl_sft_rows_padded"] >= 1
+    assert "{}" in json.dumps(ds.tools[0])
     item = ds[0]
     assert item["loss_mask"].sum() > 0

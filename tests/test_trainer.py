@@ -78,16 +78,18 @@ def test_sft_dry_run_writes_a_config_veRL_loads(shards, tmp_path):
     assert config.model.path == str(shards["model"].resolve()) and config.data.truncation == "error"
     assert list(config.data.train_files) == [str(p.resolve()) for p in (shards["verl-sft"] / "train").glob("*.parquet")]
     assert config.data.ignore_input_ids_mismatch is False
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+    from verl.trainer.sft_trainer import create_sft_dataset
 
     tok = AutoTokenizer.from_pretrained(shards["model"])
     with pytest.raises(AssertionError, match="ignore_input_ids_mismatch"):  # veRL's own check, kept on
-        MultiTurnSFTDataset(list(config.data.train_files), tok, config=config.data)[0]
+        create_sft_dataset(list(config.data.train_files), config.data, tok, None)[0]
     r = forge("forge-train", "sft", "--data", str(shards["verl-sft"]), "--model", str(shards["model"]),
               "--out", str(tmp_path / "lax"), "--dry-run", "--accept-template-mismatch")
     assert "without the reasoning" in r.stdout
     lax = OmegaConf.load(tmp_path / "lax" / "sft_config.yaml")
-    row = MultiTurnSFTDataset(list(lax.data.train_files), tok, config=lax.data)[0]
+    dataset = create_sft_dataset(list(lax.data.train_files), lax.data, tok, None)  # data.custom_cls decodes tools
+    assert dataset.tools == [TOOLS] * len(dataset)
+    row = dataset[0]
     trained = tok.decode(row["input_ids"][row["loss_mask"].bool()])
     assert TURNS[0] in trained and parse_generation(TURNS[1]).text in trained
     assert "<think>" not in trained  # what the flag costs: veRL's per-turn render drops reasoning

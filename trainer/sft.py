@@ -3,6 +3,8 @@
 The shards folder holds `train/*.parquet`, `val/*.parquet` and the
 converter's `verl_config.yaml` (its `max_length`); rows carry `messages`,
 `tools` and `enable_thinking`, the keys veRL's `MultiTurnSFTDataset` reads.
+`tools` is JSON text (Parquet cannot hold arbitrary JSON Schema), so
+`data.custom_cls` names `sft_dataset.ForgeSFTDataset`, veRL's class decoding it.
 `data.truncation=error`: veRL refuses a row longer than `max_length` rather
 than cutting it.
 
@@ -25,6 +27,8 @@ import argparse
 from pathlib import Path
 
 import yaml
+
+from forgerl.converters.verl import SFT_DATASET_CLASS
 
 from .launch import LaunchError, compose, module_command, run, write_config, yaml_list
 
@@ -59,6 +63,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
         "data.pad_mode=no_padding",
         f"data.ignore_input_ids_mismatch={args.accept_template_mismatch}",
         "data.messages_key=messages", "data.tools_key=tools", "data.enable_thinking_key=enable_thinking",
+        f"data.custom_cls.path={SFT_DATASET_CLASS[0]}", f"data.custom_cls.name={SFT_DATASET_CLASS[1]}",
         f"data.train_batch_size={args.batch_size}",
         f"data.micro_batch_size_per_gpu={args.micro_batch_size}",
         f"optim.lr={args.lr}",

@@ -87,7 +87,9 @@ class AnthropicCodec:
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:
     kind = tool.get("type")
     plain = kind in (None, "custom")
-    return tool_spec(tool.get("name"), tool.get("description"), tool.get("input_schema"), None if plain else kind)
+    definition = {("parameters" if key == "input_schema" else key): value for key, value in tool.items()
+                  if key not in ("type", "cache_control")}  # cache_control: a caching directive, not the tool
+    return tool_spec(definition, None if plain else kind)
 
 
 def _usage(usage: Any) -> Usage | None:

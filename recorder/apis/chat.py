@@ -67,8 +67,7 @@ class ChatCodec:
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:
     kind = tool.get("type")
     inner: dict[str, Any] = tool[kind] if isinstance(kind, str) and isinstance(tool.get(kind), dict) else {}
-    return tool_spec(inner.get("name"), inner.get("description"), inner.get("parameters"),
-                     None if kind == "function" else kind)
+    return tool_spec(inner, None if kind == "function" else kind)
 
 
 def _logprobs(logprobs: Any) -> list[float] | None:

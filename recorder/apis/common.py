@@ -157,9 +157,10 @@ def dump_arguments(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def tool_spec(name: Any, description: Any, parameters: Any, kind: str | None = None) -> dict[str, Any]:
-    """One entry of `Exchange.tools`; `kind` is the wire type of tools that are not plain functions."""
-    spec = {"name": name, "description": description, "parameters": parameters}
+def tool_spec(definition: Mapping[str, Any], kind: str | None = None) -> dict[str, Any]:
+    """One entry of `Exchange.tools`: the tool's definition with every key the harness sent, in its order (the
+    chat template prints them all); `kind` is the wire type of tools that are not plain functions."""
+    spec = dict(definition)
     if kind is not None:
         spec["type"] = kind
     return spec

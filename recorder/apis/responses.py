@@ -27,6 +27,10 @@ items; items map to messages as follows (keys no part field holds stay in
   tool_result part (string output → text, list → content; is_error None).
 - anything else → an other part holding the whole item.
 
+`Exchange.tools`: the body's `tools`, then the tools of `additional_tools`
+input items (Codex 0.171 sends its namespaces there; the item itself stays
+in the input as an other part).
+
 `parse_response` reads the response's `output` the same way; its stop reason
 is `incomplete_details.reason` when there is one, else the response status.
 """
@@ -86,7 +90,7 @@ class ResponsesCodec:
             moved.append("input")
             exchange.input.extend(_read_items(items, exchange.blobs))
         exchange.params = params_without(body, moved)
-        exchange.tools = [_tool(tool) for tool in dict_list(body.get("tools")) or []]
+        exchange.tools = [_tool(tool) for tool in _offered_tools(body, items)]
         return exchange
 
     def render_request(self, exchange: Exchange, blobs: Mapping[str, bytes]) -> dict[str, Any]:
@@ -122,11 +126,21 @@ def _text_message(role: str, text: str, hint: str) -> Message:
     return Message(role, (Part("text", text=text),), {HINTS: {hint: True}})
 
 
+def _offered_tools(body: dict[str, Any], items: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """`tools`, then those of `additional_tools` input items (where Codex 0.171 sends its tools)."""
+    tools = list(dict_list(body.get("tools")) or [])
+    for item in items or []:
+        if item.get("type") == "additional_tools":
+            tools.extend(dict_list(item.get("tools")) or [])
+    return tools
+
+
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:
     kind = tool.get("type")
+    definition = {key: value for key, value in tool.items() if key != "type"}
     if kind == "function":
-        return tool_spec(tool.get("name"), tool.get("description"), tool.get("parameters"))
-    return tool_spec(tool.get("name") or kind, tool.get("description"), tool.get("parameters"), kind)
+        return tool_spec(definition)
+    return tool_spec(definition if "name" in definition else {"name": kind, **definition}, kind)
 
 
 # -- items -> messages ----------------------------------------------------------
