@@ -206,9 +206,12 @@ FROM priced WHERE rn = 1 GROUP BY session_id
 """
 
 TOOL_COVERAGE = """
-WITH offered AS (
-  SELECT DISTINCT session_id, unnest(json_extract_string(tools, '$[*].name')) AS tool_name
-  FROM (SELECT DISTINCT session_id, tools FROM calls WHERE tools IS NOT NULL)),
+WITH offered AS (  -- a namespace (Codex) offers the tools it holds
+  SELECT DISTINCT session_id,
+         unnest(CASE WHEN tool->>'type' = 'namespace' THEN json_extract_string(tool, '$.tools[*].name')
+                     ELSE [tool->>'name'] END) AS tool_name
+  FROM (SELECT session_id, unnest(json_extract(tools, '$[*]')) AS tool
+        FROM (SELECT DISTINCT session_id, tools FROM calls WHERE tools IS NOT NULL))),
 used AS (SELECT DISTINCT session_id, tool_name FROM tool_calls),
 j AS (
   SELECT coalesce(o.session_id, u.session_id) AS session_id, o.tool_name IS NOT NULL AS is_offered,

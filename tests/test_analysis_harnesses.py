@@ -69,7 +69,7 @@ def test_codex_session_metrics(scripted, tmp_path):
     patch = "*** Begin Patch\n*** Add File: notes.txt\n+hello\n*** End Patch\n"
     up = scripted(plan(ToolCall("exec_command", {"cmd": "cat notes.txt"}),
                        ToolCall("exec_command", {"cmd": f"apply_patch <<'EOF'\n{patch}EOF"}),
-                       ToolCall("exec_command", {"cmd": "cat notes.txt"}), None))  # Codex 0.171 sends no `tools`
+                       ToolCall("exec_command", {"cmd": "cat notes.txt"}), None))
     r = run_recorded(tmp_path, "cx", up.url,
                      [str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
                       "Create notes.txt"],
@@ -81,4 +81,5 @@ def test_codex_session_metrics(scripted, tmp_path):
     assert (m["tool_calls"], m["writes"], m["verified"], m["check_kind"]) == (3, 1, True, "reread")
     assert (m["failed_results"], m["failure_episodes"], m["recovered_episodes"]) == (1, 1, 1)
     assert m["human_turns"] >= 1 and m["harness_turns"] >= 1  # the <environment_context> preamble
-    assert (m["tools_offered"], m["tool_coverage"]) == (0, None)  # no `tools` in its requests: coverage undefined
+    # Codex 0.171 offers 12 tools in 3 namespaces (`additional_tools`); the script calls exec_command, not among them
+    assert (m["tools_offered"], m["tool_coverage"]) == (12, 0.0)
