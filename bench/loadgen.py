@@ -3,7 +3,6 @@
     python bench/loadgen.py stream   --url URL -c 8 --shape staggered --duration 6 --stream-len 1.0
     python bench/loadgen.py hammer   --url URL -c 32 --duration 5
     python bench/loadgen.py capacity --url URL -n 500 --chunks 50
-    python bench/loadgen.py upstream --port 8000 --chunks 50 --chunk-delay 0.02
 
 Each load command prints one JSON object on stdout. The client is aiohttp
 (its C HTTP parser keeps the generator's own cost per chunk small next to
@@ -12,9 +11,6 @@ request, which on a 2-core machine would be taken from the proxy under
 test). Every request opens a fresh TCP connection and closes it afterwards
 (`TCPConnector(force_close=True)`), as a harness CLI launched per task does,
 so the proxy's per-connection set-up is part of what is measured.
-
-`upstream` is a minimal OpenAI-style SSE server, used only when
-`forgerl.recorder.scripted` is not importable.
 """
 
 from __future__ import annotations
@@ -197,45 +193,6 @@ async def run_capacity(url: str, n: int, ramp: float) -> dict:
             "ttft": [r["ttft"] for r in good], "total": [r["total"] for r in good]}
 
 
-# ------------------------------------------------------------------ fallback upstream
-
-
-async def serve_upstream(host: str, port: int, chunks: int, chunk_delay: float) -> None:
-    from aiohttp import web
-
-    def frame(delta: dict, finish: str | None = None) -> bytes:
-        event = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return b"data: " + json.dumps(event).encode() + b"\n\n"
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not body.get("stream"):
-            return web.json_response({
-                "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}})
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
-        await resp.prepare(request)
-        await resp.write(frame({"role": "assistant", "content": ""}))
-        for i in range(chunks):
-            await resp.write(frame({"content": f"word{i} "}))
-            await asyncio.sleep(chunk_delay)
-        await resp.write(frame({}, "stop"))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-    app = web.Application()
-    app.router.add_post(CHAT_PATH, chat)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096)
-    await site.start()
-    print(f"listening on http://{host}:{site._server.sockets[0].getsockname()[1]}", flush=True)
-    await asyncio.Event().wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loadgen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,19 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--url", required=True)
     k.add_argument("-n", type=int, default=500)
     k.add_argument("--ramp", type=float, default=1.0, help="spread the N starts over this many s")
-    u = sub.add_parser("upstream", help="minimal SSE chat-completions server (fallback)")
-    u.add_argument("--host", default="127.0.0.1")
-    u.add_argument("--port", type=int, default=0)
-    u.add_argument("--chunks", type=int, default=50)
-    u.add_argument("--chunk-delay", type=float, default=0.02)
     args = parser.parse_args(argv)
 
-    if args.command == "upstream":
-        try:
-            asyncio.run(serve_upstream(args.host, args.port, args.chunks, args.chunk_delay))
-        except KeyboardInterrupt:
-            pass
-        return 0
     if args.command == "stream":
         result = asyncio.run(run_streams(args.url, args.concurrency, args.shape, args.duration,
                                          args.stream_len, args.seed))

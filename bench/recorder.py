@@ -4,7 +4,7 @@
     .venv/bin/python bench/recorder.py --quick    # smoke run, < 2 min
 
 Every piece runs in its own process: the scripted upstream
-(`python -m forgerl.recorder.scripted`), the proxy under test, and the load
+(`python tests/scripted_upstream.py`), the proxy under test, and the load
 generator (`bench/loadgen.py`, aiohttp, one fresh connection per request).
 The same load goes through each configuration in turn:
 
@@ -49,6 +49,7 @@ BIN = Path(sys.executable).parent
 PY = sys.executable
 LOADGEN = str(HERE / "loadgen.py")
 ADDON = str(ROOT / "recorder" / "addon.py")
+SCRIPTED = str(ROOT / "tests" / "scripted_upstream.py")
 
 # The mitmproxy options worth setting for a reverse-proxy recorder (see bench/README.md, "Profiling").
 # Every other --set candidate measured (http2, validate_inbound_headers, body_size_limit, termlog
@@ -154,14 +155,9 @@ class Process:
 
 
 def start_upstream(log_dir: Path, chunks: int, delay: float) -> tuple[Process, str]:
-    """The scripted model server in its own process (bench/loadgen.py's if forgerl's is missing)."""
+    """The scripted model server (the tests' double) in its own process."""
     port = free_port()
-    try:
-        import forgerl.recorder.scripted  # noqa: F401
-        argv = [PY, "-m", "forgerl.recorder.scripted", "--port", str(port),
-                "--chunks", str(chunks), "--chunk-delay", str(delay)]
-    except ImportError:
-        argv = [PY, LOADGEN, "upstream", "--port", str(port), "--chunks", str(chunks), "--chunk-delay", str(delay)]
+    argv = [PY, SCRIPTED, "--port", str(port), "--chunks", str(chunks), "--chunk-delay", str(delay)]
     up = Process(f"upstream-{chunks}x{delay}", argv, log_dir)
     wait_port(port, up.proc)
     UPSTREAM_PIDS[:] = [up.proc.pid]

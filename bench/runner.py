@@ -36,9 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from runner_fixtures import BENCH, SPARQL_TASK, task_script  # noqa: E402
+from scripted_upstream import ScriptedUpstream  # noqa: E402
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig  # noqa: E402
-from forgerl.recorder.scripted import ScriptedUpstream  # noqa: E402
 from forgerl.runners.harnesses import RunContext, get_harness  # noqa: E402
 from forgerl.runners.local import PASSTHROUGH_ENV, LocalRunner  # noqa: E402
 from forgerl.runners.rollout import Rollout  # noqa: E402

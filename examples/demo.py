@@ -1,8 +1,9 @@
 """`make demo`: record three agent sessions against a scripted model, convert them, analyse them.
 
-A scripted model server stands in for the vendors' APIs; `forge-record serve`
-sits in front of it; the official `anthropic` and `openai` SDKs run a small
-tool-using agent loop through it (Anthropic Messages, OpenAI Responses and
+A scripted model server (the tests' double, tests/scripted_upstream.py)
+stands in for the vendors' APIs; `forge-record serve` sits in front of it;
+the official `anthropic` and `openai` SDKs run a small tool-using agent
+loop through it (Anthropic Messages, OpenAI Responses and
 Chat Completions, streaming). Then `forge-record ls` and `show` print what
 landed in the dataset, `forge-convert` turns it into token-level and veRL SFT
 shards with the offline Qwen3 tokenizer, and `forge-analyze report` prints the
@@ -25,8 +26,11 @@ import importlib.util
 import anthropic
 import openai
 
-from forgerl.recorder.proxy import free_port
-from forgerl.recorder.scripted import ScriptedUpstream, ToolCall, Turn, tool_loop
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted model server
+
+from scripted_upstream import ScriptedUpstream, ToolCall, Turn, tool_loop  # noqa: E402
+
+from forgerl.recorder.proxy import free_port  # noqa: E402
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Current weather for a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -12,8 +12,9 @@ extension object under `TOKENS_KEY` to the response body it sends:
 - Chat Completions answers use vLLM's own fields instead (`prompt_token_ids`,
   per-choice `token_ids`, `logprobs.content`), which the chat codec reads.
 
-    "forge": {"prompt_token_ids": [...], "completion_token_ids": [...],
-              "completion_logprobs": [...], "policy_version": "..."}
+    "forge": {"prompt_token_ids": [...], "completion_token_ids": [...], "completion_logprobs": [...]}
+
+(The recorder tags the call with the policy version itself: `--policy-version`.)
 
 Clients ignore unknown keys (checked with Claude Code and Codex CLI).
 The completion ids include the end-of-turn token when the model produced it.
@@ -28,11 +29,12 @@ from forgerl.schema.messages import Exchange
 TOKENS_KEY = "forge"
 
 
-def token_extension(prompt_ids: list[int], completion_ids: list[int], logprobs: list[float] | None,
-                    policy_version: str | None) -> dict[str, Any]:
-    return {"prompt_token_ids": list(prompt_ids), "completion_token_ids": list(completion_ids),
-            "completion_logprobs": None if logprobs is None else list(logprobs),
-            "policy_version": policy_version}
+def token_extension(prompt_ids: list[int] | None, completion_ids: list[int],
+                    logprobs: list[float] | None) -> dict[str, Any]:
+    """Inverse of `read_token_extension`."""
+    return {"prompt_token_ids": None if prompt_ids is None else list(prompt_ids),
+            "completion_token_ids": list(completion_ids),
+            "completion_logprobs": None if logprobs is None else list(logprobs)}
 
 
 def read_token_extension(body: Any, exchange: Exchange) -> None:

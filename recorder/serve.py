@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -38,11 +39,11 @@ from typing import Any
 from aiohttp import web
 
 from forgerl.schema.chat import chat_tools, to_chat_messages
-from forgerl.schema.messages import Exchange, canonical_json, sha256_hex
+from forgerl.schema.messages import Exchange, Usage, canonical_json, sha256_hex
 from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, format_for_template, parse_generation
 
-from . import policy_answers as answers
 from .apis import ANTHROPIC, CHAT, RESPONSES, codec_for
+from .apis.answer import Answer, Frame, new_id
 from .policy import Generation, Policy, PolicyError, Sampling
 
 log = logging.getLogger(__name__)
@@ -182,23 +183,9 @@ class PolicyGateway:
         except PolicyError as e:
             log.warning("policy failed: %s", e)
             return _error(502, str(e))
-        stream = bool(body.get("stream"))
-        if codec is ANTHROPIC:
-            message_id = answers.new_id("msg_")
-            if not stream:
-                return web.json_response(answers.anthropic_body(answer, message_id))
-            return await _stream(request, answers.anthropic_events(answer, message_id))
-        if codec is RESPONSES:
-            response_id = answers.new_id("resp_")
-            if not stream:
-                return web.json_response(answers.responses_body(answer, response_id, 0, body))
-            return await _stream(request, answers.responses_events(answer, response_id, body))
-        completion_id = answers.new_id("chatcmpl-")
-        if not stream:
-            return web.json_response(answers.chat_body(answer, completion_id))
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return await _stream(request, answers.chat_events(answer, completion_id, include_usage))
+        if not body.get("stream"):
+            return web.json_response(codec.render_response(answer, body))
+        return await _stream(request, codec.render_stream(answer, body))
 
     async def _count_tokens(self, body: dict[str, Any]) -> web.Response:
         exchange = ANTHROPIC.parse_request(body)
@@ -207,7 +194,7 @@ class PolicyGateway:
         return web.json_response({"input_tokens": len(self.tokenizer.encode(text, add_special_tokens=False))})
 
     # -- the turn -------------------------------------------------------------------
-    async def _answer(self, exchange: Exchange, id_prefix: str) -> tuple[answers.Answer, Prompt]:
+    async def _answer(self, exchange: Exchange, id_prefix: str) -> tuple[Answer, Prompt]:
         messages = to_chat_messages(exchange.input)
         tools = chat_tools(exchange.tools) or None
         prompt = await asyncio.to_thread(self.prompts.build, messages, tools)
@@ -215,12 +202,14 @@ class PolicyGateway:
         self.calls += 1
         self.new_segments += not prompt.continued
         turn = self._parse(generation)
-        call_ids = [answers.new_id(id_prefix) for _ in turn.tool_calls]
-        answer = answers.Answer(turn=turn, call_ids=call_ids, model=exchange.model_requested or self.served_model,
-                                prompt_ids=prompt.ids, completion_ids=generation.token_ids,
-                                logprobs=generation.logprobs, finish_reason=generation.finish_reason,
-                                policy_version=self.policy_version)
-        said = to_chat_messages([turn.message(call_ids)])
+        ids = generation.token_ids
+        answer = Answer(id=new_id(), model=exchange.model_requested or self.served_model, turn=turn,
+                        call_ids=tuple(new_id(id_prefix) for _ in turn.tool_calls),
+                        usage=Usage(input_tokens=len(prompt.ids), output_tokens=len(ids), cache_read_tokens=0,
+                                    cache_write_tokens=0),
+                        finish=generation.finish_reason, created=int(time.time()), prompt_token_ids=prompt.ids,
+                        completion_token_ids=ids, completion_logprobs=generation.logprobs)
+        said = to_chat_messages([answer.message()])
         self.prompts.remember(messages, tools, said, prompt.ids + generation.token_ids)
         return answer, prompt
 
@@ -238,11 +227,11 @@ class PolicyGateway:
         return replace(self.sampling, max_tokens=max(1, asked))
 
 
-async def _stream(request: web.Request, events: Iterator[bytes]) -> web.StreamResponse:
+async def _stream(request: web.Request, frames: Iterator[Frame]) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for event in events:
-        await response.write(event)
+    for frame in frames:
+        await response.write(frame.sse())
     await response.write_eof()
     return response
 

@@ -1,6 +1,6 @@
 """Hand-labelled fixture sessions for the analysis tests: recorded once through the real recorder.
 
-The sessions are `forgerl.analysis.scenarios.scenarios()`; the values below were
+The sessions are `analysis_scenarios.scenarios()`; the values below were
 worked out by hand from those scripts and the definitions in analysis/README.md
 (not read back from the views). Turn numbers count model calls that produced
 output, in order, subagent calls included.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forgerl.analysis import scenarios
-from forgerl.recorder.scripted import ScriptedUpstream
 from forgerl.schema.store import DatasetWriter
 
+import analysis_scenarios as scenarios
 from conftest import RecorderProcess, session_calls
+from scripted_upstream import ScriptedUpstream
 
 # Per call: 100 uncached in, 10 out, 1000 cache read, 50 cache write (scenarios.USAGE). OpenAI's APIs have no
 # cache-write count: the scripted upstream reports those 50 as plain input, so a Codex call has 150 uncached in.

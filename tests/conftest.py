@@ -74,7 +74,7 @@ def session_parts(root: Path, session: str) -> dict[str, str]:
 @pytest.fixture
 def scripted():
     """Factory for scripted upstreams, stopped after the test."""
-    from forgerl.recorder.scripted import ScriptedUpstream
+    from scripted_upstream import ScriptedUpstream
     started = []
 
     def make(script=None, **kwargs):

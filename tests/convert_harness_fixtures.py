@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from forgerl.recorder.scripted import Request, ToolCall, Turn, saw_tool_result
+from scripted_upstream import Request, ToolCall, Turn, saw_tool_result
 
 SUB_PROMPT = "Count the files in the current directory and report the number."
 SUMMARY = "Summary of the conversation so far: the subagent counted the files and reported 42 of them."

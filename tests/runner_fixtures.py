@@ -15,8 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from forgerl.recorder.scripted import Request, Script, ToolCall, Turn, saw_tool_result
 from forgerl.runners.harnesses import Harness, RunContext
+
+from scripted_upstream import Request, Script, ToolCall, Turn, saw_tool_result
 
 BENCH = Path("/work/shared/benchmarks/qwenclawbench")
 if not BENCH.is_dir():  # the repository's sibling checkout of the shared folder

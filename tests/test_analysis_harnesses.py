@@ -13,8 +13,8 @@ import json
 import pytest
 
 from forgerl.analysis import connect
-from forgerl.recorder.scripted import Request, ToolCall, Turn
 
+from scripted_upstream import Request, ToolCall, Turn
 from test_harnesses import needs, run_recorded
 
 pytestmark = pytest.mark.slow

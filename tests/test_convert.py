@@ -232,7 +232,7 @@ def test_screenshots_become_verl_images_and_blob_refs(scripted, recorder, tmp_pa
     import anthropic
     from PIL import Image
 
-    from forgerl.recorder.scripted import Turn
+    from scripted_upstream import Turn
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 6), (200, 30, 30)).save(buf, format="PNG")

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from forgerl.recorder.scripted import ScriptedUpstream
-
 from conftest import FORGE_RECORD, REPO, session_calls
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
 from convert_harness_fixtures import SUB_PROMPT, SUMMARY, claude_script, codex_script, record_claude, record_codex
+from scripted_upstream import ScriptedUpstream
 
 pytestmark = pytest.mark.slow
 BIN = REPO / "node_modules" / ".bin"

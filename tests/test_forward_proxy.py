@@ -14,9 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from forgerl.recorder.scripted import ScriptedUpstream, Turn, sequence
-
 from conftest import RecorderProcess, session_calls
+from scripted_upstream import ScriptedUpstream, Turn, sequence
 
 
 def self_signed(tmp_path) -> tuple[ssl.SSLContext, str]:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from forgerl.recorder.scripted import Request, ToolCall, Turn, saw_tool_result
-
 from conftest import FORGE_RECORD, REPO, session_calls, session_parts
+from scripted_upstream import Request, ToolCall, Turn, saw_tool_result
 
 BIN = REPO / "node_modules" / ".bin"
 pytestmark = pytest.mark.slow

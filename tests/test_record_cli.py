@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 
 from forgerl.recorder.proxy import free_port
-from forgerl.recorder.scripted import ToolCall, Turn, sequence
 from forgerl.schema import store
 
 from conftest import FORGE_RECORD, REPO, session_calls
+from scripted_upstream import ToolCall, Turn, sequence
 
 CLIENT = textwrap.dedent("""
     import anthropic, openai

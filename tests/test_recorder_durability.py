@@ -13,11 +13,11 @@ import anthropic
 import httpx
 import pyarrow.parquet as pq
 
-from forgerl.recorder.scripted import Turn, sequence
 from forgerl.schema import store, tables
 from forgerl.schema.records import decompress
 
 from conftest import session_calls
+from scripted_upstream import Turn, sequence
 
 ANTHROPIC_KEY = "sk-ant-api03-Zq9vTESTKEYtestkeyTESTKEY0123456789abcdef"
 OPENAI_KEY = "sk-proj-Tq7TESTKEYtestkeyTESTKEY0123456789abcdef"

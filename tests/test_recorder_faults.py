@@ -8,9 +8,8 @@ import json
 import httpx
 import pytest
 
-from forgerl.recorder.scripted import ToolCall, Turn, sequence
-
 from conftest import session_calls
+from scripted_upstream import ToolCall, Turn, sequence
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}

@@ -16,12 +16,12 @@ import openai
 import pyarrow.compute as pc
 
 from forgerl.recorder.apis import codec_for
-from forgerl.recorder.scripted import ToolCall, Turn, sequence
 from forgerl.schema import store
 from forgerl.schema.messages import Exchange
 from forgerl.schema.records import call_messages, decompress
 
 from conftest import session_calls, session_parts
+from scripted_upstream import ToolCall, Turn, sequence
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")

@@ -13,7 +13,6 @@ import uuid
 import pytest
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
-from forgerl.recorder.scripted import ScriptedUpstream
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.sandbox import can_unshare, own_memory_cgroup
@@ -21,6 +20,7 @@ from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter, read_table
 
 from runner_fixtures import PythonHarness, cgroups_left, rollout_dirs, rollout_processes, toml_task
+from scripted_upstream import ScriptedUpstream
 
 GRADE_FILE = """
 p = ws / "out.json"

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import anthropic
@@ -16,7 +17,9 @@ import httpx
 import openai
 import pytest
 
-from forgerl.recorder.scripted import ScriptedUpstream, ToolCall, Turn, echo, sequence, token_ids
+from forgerl.schema.messages import Usage
+
+from scripted_upstream import ScriptedUpstream, ToolCall, Turn, echo, sequence, token_ids
 
 PNG = base64.b64encode(base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")).decode()
@@ -78,7 +81,8 @@ def test_anthropic_sdk(scripted):
     assert [(u.name, u.input) for u in uses] == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo"})]
     assert uses[0].id != uses[1].id
     events = [e for e, _ in sse(up.log[-1].response_body)]
-    assert events[:2] == ["message_start", "ping"] and events[-2:] == ["message_delta", "message_stop"]
+    assert events[:3] == ["message_start", "content_block_start", "ping"]  # as Anthropic documents its streams
+    assert events[-2:] == ["message_delta", "message_stop"]
     partials = [json.loads(d)["delta"]["partial_json"] for _, d in sse(up.log[-1].response_body)
                 if '"input_json_delta"' in d]
     assert len(partials) >= 6 and "".join(partials) == '{"city": "Paris"}{"city": "Oslo"}'
@@ -163,17 +167,18 @@ def test_vllm_token_ids_and_logprobs(scripted):
     assert body["prompt_token_ids"] == token_ids("count to four") and len(body["prompt_token_ids"]) == 3
     assert body["choices"][0]["token_ids"] == token_ids("one two  three\nfour")
     logprobs = body["choices"][0]["logprobs"]["content"]
-    assert "".join(e["token"] for e in logprobs) == "one two  three\nfour" and all(e["logprob"] <= 0 for e in logprobs)
+    assert [e["token"] for e in logprobs] == [f"token_id:{i}" for i in token_ids("one two  three\nfour")]
+    assert all(e["logprob"] <= 0 for e in logprobs) and len({e["logprob"] for e in logprobs}) > 1
 
     chunks = [c.model_dump() for c in client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "count to four"}], stream=True, logprobs=True, extra_body=extra)]
     assert chunks[0]["prompt_token_ids"] == body["prompt_token_ids"]
-    assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == body["choices"][0]["token_ids"]
+    assert sum((c["choices"][0].get("token_ids") or [] for c in chunks), []) == body["choices"][0]["token_ids"]
     assert [e["token"] for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]] \
         == [e["token"] for e in logprobs]
 
     tokens_in = client.completions.create(model="m", prompt=[5, 6, 7], logprobs=1, extra_body=extra).model_dump()
-    assert tokens_in["prompt_token_ids"] == [5, 6, 7] == tokens_in["choices"][0]["prompt_token_ids"]
+    assert tokens_in["choices"][0]["prompt_token_ids"] == [5, 6, 7]  # on the choice, as vLLM puts them
     assert tokens_in["choices"][0]["token_ids"] == token_ids("one two three four")
     assert len(tokens_in["choices"][0]["logprobs"]["token_logprobs"]) == 4
 
@@ -262,8 +267,7 @@ def test_responses_websocket(scripted):
 
 
 def test_usage_and_stop_overrides(scripted):
-    turn = Turn(text="cut", stop_reason="max_tokens",
-                usage={"input_tokens": 7, "output_tokens": 3, "cache_read_input_tokens": 5})
+    turn = Turn(text="cut", finish="length", usage=Usage(input_tokens=7, output_tokens=3, cache_read_tokens=5))
     up = scripted(sequence(turn))
     anth = httpx.post(up.url + "/v1/messages", json=MESSAGES).json()
     assert anth["stop_reason"] == "max_tokens"
@@ -271,7 +275,7 @@ def test_usage_and_stop_overrides(scripted):
                              "output_tokens": 3}
     chat = httpx.post(up.url + "/v1/chat/completions", json=CHAT).json()
     assert chat["usage"]["prompt_tokens"] == 12 and chat["usage"]["prompt_tokens_details"]["cached_tokens"] == 5
-    assert chat["choices"][0]["finish_reason"] == "max_tokens"
+    assert chat["choices"][0]["finish_reason"] == "length"
     frames = sse(stream_bytes(up.url + "/v1/responses", {"model": "m", "input": "x", "stream": True}))
     assert frames[-1][0] == "response.incomplete"
     final = json.loads(frames[-1][1])["response"]
@@ -400,7 +404,8 @@ def test_500_concurrent_open_streams(scripted):
 
 
 def test_runs_as_a_process():
-    proc = subprocess.Popen([sys.executable, "-m", "forgerl.recorder.scripted", "--port", "0", "--chunks", "2"],
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("scripted_upstream.py")), "--port", "0",
+                             "--chunks", "2"],
                             stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -3,16 +3,19 @@
 A codec (`anthropic`, `responses`, `chat`, `completions`) parses a request
 body into an `Exchange` and renders it back exactly, reassembles a stream
 into the body the non-streaming call would have returned, and reads that
-body's output, usage and errors. The recorder picks one by path with
+body's output, usage and errors. The other way, it writes an `Answer` (one
+model turn) as its API's response body or stream, which is how serve mode
+and the tests' scripted upstream answer. The recorder picks one by path with
 `codec_for`; paths without a codec (count_tokens, retrievals, anything
 unknown) are recorded raw.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces
 from forgerl.recorder.apis.anthropic import CODEC as ANTHROPIC
 from forgerl.recorder.apis.chat import CODEC as CHAT
 from forgerl.recorder.apis.completions import CODEC as COMPLETIONS
@@ -55,6 +58,14 @@ class Codec(Protocol):
 
     def parse_response(self, body: dict[str, Any], exchange: Exchange) -> None:
         """Fill output, usage, stop_reason, model_returned, error (and token ids / logprobs where sent)."""
+        ...
+
+    def render_response(self, answer: Answer, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer to `request` as a body that `parse_response` reads back as `answer`."""
+        ...
+
+    def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = ...) -> Iterator[Frame]:
+        """The answer streamed, texts cut by `pieces`: reassembled by `new_stream`, it reads back as `answer` too."""
         ...
 
 

@@ -21,15 +21,16 @@ wire: Claude Code mixes them with text in one turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
 from forgerl.recorder.apis.common import (BlockOf, Fragments, PartOf, StreamState, block, blob_from_base64, base64_of,
                                           describe_error,
                                           dict_list, dump_arguments, error_of, join_message, message_extra,
                                           params_without, parse_content, render_content, split_extra,
                                           split_message, take, tool_spec)
-from forgerl.recorder.policy_tokens import read_token_extension
+from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension, token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part, Usage
 
@@ -82,6 +83,93 @@ class AnthropicCodec:
             parts, hints = parse_content(body["content"], _part_reader(exchange.blobs)) or ([], {})
             exchange.output.append(Message("assistant", tuple(parts), message_extra({}, hints)))
         read_token_extension(body, exchange)
+
+    def render_response(self, answer: Answer, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The inverse of `parse_response`: the answer as a Messages `message` (a served policy's
+        token ids in the `forge` extension)."""
+        body = {"id": f"msg_{answer.id}", "type": "message", "role": "assistant", "model": answer.model,
+                "content": _answer_blocks(answer), "stop_reason": _stop_reason(answer), "stop_sequence": None,
+                "usage": _render_usage(answer.usage)}
+        if answer.completion_token_ids is not None:
+            body[TOKENS_KEY] = token_extension(answer.prompt_token_ids, answer.completion_token_ids,
+                                               answer.completion_logprobs)
+        return body
+
+    def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
+        """The inverse of `AnthropicStream`, in the documented order: message_start (output_tokens 1),
+        each block's start, deltas and stop, with one ping after the first block's start, then
+        message_delta (stop reason, cumulative usage, the `forge` extension) and message_stop."""
+        whole = self.render_response(answer, request)
+        start = {key: value for key, value in whole.items() if key != TOKENS_KEY}
+        start.update(content=[], stop_reason=None, usage={**whole["usage"], "output_tokens": 1})
+        yield _frame("message_start", message=start)
+        for index, block in enumerate(whole["content"]):
+            frames = _block_frames(index, block, pieces)
+            yield next(frames)
+            if index == 0:
+                yield _PING
+            yield from frames
+        if not whole["content"]:
+            yield _PING
+        delta = {"stop_reason": whole["stop_reason"], "stop_sequence": None}
+        if TOKENS_KEY in whole:
+            delta[TOKENS_KEY] = whole[TOKENS_KEY]
+        yield _frame("message_delta", delta=delta, usage=whole["usage"])
+        yield _frame("message_stop")
+
+
+def _stop_reason(answer: Answer) -> str:
+    return "max_tokens" if answer.truncated else "tool_use" if answer.call_ids else "end_turn"
+
+
+def _render_usage(usage: Usage) -> dict[str, int]:
+    """Inverse of `_usage`; Anthropic always reports the cache counts."""
+    return {"input_tokens": usage.input_tokens or 0, "cache_creation_input_tokens": usage.cache_write_tokens or 0,
+            "cache_read_input_tokens": usage.cache_read_tokens or 0, "output_tokens": usage.output_tokens or 0}
+
+
+def _answer_blocks(answer: Answer) -> list[dict[str, Any]]:
+    turn = answer.turn
+    blocks: list[dict[str, Any]] = []
+    if turn.reasoning is not None:
+        blocks.append({"type": "thinking", "thinking": turn.reasoning, "signature": answer.signature or ""})
+    if turn.text:
+        blocks.append({"type": "text", "text": turn.text})
+    blocks.extend({"type": "tool_use", "id": call_id, "name": call.name, "input": call.arguments}
+                  for call_id, call in answer.calls())
+    return blocks
+
+
+def _frame(kind: str, **data: Any) -> Frame:
+    return Frame(kind, {"type": kind, **data})
+
+
+_PING = _frame("ping")
+
+
+def _block_frames(index: int, block: dict[str, Any], pieces: Pieces) -> Iterator[Frame]:
+    """content_block_start (the block empty), its deltas, content_block_stop. Tool input starts with an
+    empty partial_json, as the API sends it."""
+    kind = block["type"]
+
+    def delta(tokens: bool, **fields: Any) -> Frame:
+        return Frame("content_block_delta", {"type": "content_block_delta", "index": index, "delta": fields}, tokens)
+
+    if kind == "thinking":
+        yield _frame("content_block_start", index=index, content_block={**block, "thinking": "", "signature": ""})
+        for piece in pieces(block["thinking"]):
+            yield delta(True, type="thinking_delta", thinking=piece)
+        yield delta(False, type="signature_delta", signature=block["signature"])
+    elif kind == "text":
+        yield _frame("content_block_start", index=index, content_block={**block, "text": ""})
+        for piece in pieces(block["text"]):
+            yield delta(True, type="text_delta", text=piece)
+    else:
+        yield _frame("content_block_start", index=index, content_block={**block, "input": {}})
+        yield delta(False, type="input_json_delta", partial_json="")
+        for piece in pieces(json.dumps(block["input"], ensure_ascii=False)):
+            yield delta(True, type="input_json_delta", partial_json=piece)
+    yield _frame("content_block_stop", index=index)
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:

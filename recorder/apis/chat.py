@@ -21,10 +21,11 @@ token-out extensions are kept: `prompt_token_ids`, each choice's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from forgerl.recorder.apis.common import (BlockOf, ChoiceStream, Fragments, PartOf, block, dict_list,
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
+from forgerl.recorder.apis.common import (BlockOf, ChoiceStream, ChoiceWriter, Fragments, PartOf, block, dict_list,
                                           fill_from_choices, image_part, image_url, join_message, keep_latest,
                                           message_extra, params_without, render_content, split_extra, split_message,
                                           take, tool_spec)
@@ -62,6 +63,45 @@ class ChatCodec:
             return _read_message(wire, exchange.blobs) if isinstance(wire, dict) else Message("assistant", ())
 
         fill_from_choices(body, exchange, message_of, _logprobs)
+
+    def render_response(self, answer: Answer, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The inverse of `parse_response`: the answer as a `chat.completion`."""
+        turn = answer.turn
+        message: dict[str, Any] = {"role": "assistant", "content": turn.text or (None if answer.call_ids else "")}
+        if turn.reasoning is not None:
+            message["reasoning_content"] = turn.reasoning
+        if answer.call_ids:
+            message["tool_calls"] = [{"id": call_id, "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments_json()}}
+                                     for call_id, call in answer.calls()]
+        return _writer(answer, request).body(message=message)
+
+    def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
+        """The inverse of `ChatStream`: the answer as `chat.completion.chunk`s. Tool calls come as OpenAI
+        sends them: id, type and name in the first fragment (arguments empty), then argument pieces."""
+        writer = _writer(answer, request)
+        turn = answer.turn
+        yield writer.chunk(delta={"role": "assistant", "content": ""})
+        if turn.reasoning is not None:
+            for piece in list(pieces(turn.reasoning)) or [""]:
+                yield writer.chunk(bool(piece), delta={"reasoning_content": piece})
+        for piece in pieces(turn.text):
+            yield writer.chunk(True, delta={"content": piece})
+        for index, (call_id, call) in enumerate(answer.calls()):
+            yield writer.chunk(delta={"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                                      "function": {"name": call.name, "arguments": ""}}]})
+            for piece in pieces(call.arguments_json()):
+                yield writer.chunk(True, delta={"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+        yield from writer.end(delta={})
+
+
+def _writer(answer: Answer, request: Mapping[str, Any]) -> ChoiceWriter:
+    finish = "length" if answer.truncated else "tool_calls" if answer.call_ids else "stop"
+    logprobs = None
+    if answer.completion_logprobs is not None:  # vLLM's form for token-id answers (return_tokens_as_token_ids)
+        logprobs = {"content": [{"token": f"token_id:{token}", "logprob": value, "bytes": None, "top_logprobs": []}
+                                for token, value in zip(answer.completion_token_ids or (), answer.completion_logprobs)]}
+    return ChoiceWriter(answer, request, "chatcmpl-", ("chat.completion", "chat.completion.chunk"), finish, logprobs)
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:

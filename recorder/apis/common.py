@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
+from forgerl.recorder.apis.answer import Answer, Frame
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part, Role, Usage, canonical_json, sha256_hex
 
@@ -434,3 +435,74 @@ def _copied(fields: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("logprobs"), dict):
         out["logprobs"] = {k: list(v) if isinstance(v, list) else v for k, v in out["logprobs"].items()}
     return out
+
+
+# -- answers ------------------------------------------------------------------
+
+def render_openai_usage(usage: Usage, prompt_key: str, completion_key: str) -> dict[str, Any]:
+    """Inverse of `openai_usage`. The prompt count includes cached input and cache writes (OpenAI does
+    not count writes apart, so they read back as uncached input); details only where counted."""
+    prompt = (usage.input_tokens or 0) + (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0)
+    completion = usage.output_tokens or 0
+    out: dict[str, Any] = {prompt_key: prompt, completion_key: completion, "total_tokens": prompt + completion}
+    if usage.cache_read_tokens is not None:
+        out[f"{prompt_key}_details"] = {"cached_tokens": usage.cache_read_tokens}
+    if usage.reasoning_tokens is not None:
+        out[f"{completion_key}_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return out
+
+
+class ChoiceWriter:
+    """The inverse of `ChoiceStream`: an answer as one choice of a chat or legacy completions body, or chunks.
+
+    vLLM's token fields ride as vLLM sends them: the prompt's ids once (on the
+    body, or on the choice for completions), the completion's ids and logprobs
+    with the finishing choice. A stream ends with a usage chunk when the
+    request asked for one (`stream_options.include_usage`), then ``[DONE]``.
+    """
+
+    def __init__(self, answer: Answer, request: Mapping[str, Any], id_prefix: str, objects: tuple[str, str],
+                 finish: str, logprobs: dict[str, Any] | None, prompt_on_choice: bool = False) -> None:
+        self.answer, self.finish, self.logprobs = answer, finish, logprobs
+        self._id, self._objects = id_prefix + answer.id, objects
+        self._prompt_on_choice = prompt_on_choice
+        self._prompt_sent = answer.prompt_token_ids is None
+        options = request.get("stream_options")
+        self._include_usage = isinstance(options, dict) and options.get("include_usage") is True
+
+    def body(self, **fields: Any) -> dict[str, Any]:
+        return self._envelope(False, [self._choice(fields, True)], usage=self._usage())
+
+    def chunk(self, tokens: bool = False, **fields: Any) -> Frame:
+        """A chunk of one choice's `fields`; `tokens`: they carry generated text."""
+        return Frame(None, self._envelope(True, [self._choice(fields, False)]), tokens)
+
+    def end(self, **fields: Any) -> Iterator[Frame]:
+        """The finishing chunk, the usage chunk if asked for, ``[DONE]``."""
+        yield Frame(None, self._envelope(True, [self._choice(fields, True)]))
+        if self._include_usage:
+            yield Frame(None, self._envelope(True, [], usage=self._usage()))
+        yield Frame(None, "[DONE]")
+
+    def _envelope(self, chunk: bool, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        head = {"id": self._id, "object": self._objects[chunk], "created": self.answer.created,
+                "model": self.answer.model}
+        if not self._prompt_sent and not self._prompt_on_choice:
+            head["prompt_token_ids"] = self._prompt_ids()
+        return {**head, "choices": choices, **extra}
+
+    def _choice(self, fields: dict[str, Any], final: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, **fields, "logprobs": self.logprobs if final else None,
+                                  "finish_reason": self.finish if final else None}
+        if final and self.answer.completion_token_ids is not None:
+            choice["token_ids"] = list(self.answer.completion_token_ids)
+        if not self._prompt_sent and self._prompt_on_choice:
+            choice["prompt_token_ids"] = self._prompt_ids()
+        return choice
+
+    def _prompt_ids(self) -> list[int]:
+        self._prompt_sent = True
+        return list(self.answer.prompt_token_ids or [])
+
+    def _usage(self) -> dict[str, Any]:
+        return render_openai_usage(self.answer.usage, "prompt_tokens", "completion_tokens")

@@ -17,11 +17,12 @@ The output is one assistant message (a text part) per choice. With
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from forgerl.recorder.apis.common import (HINTS, ChoiceStream, Fragments, fill_from_choices, params_without,
-                                          split_extra)
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
+from forgerl.recorder.apis.common import (HINTS, ChoiceStream, ChoiceWriter, Fragments, fill_from_choices,
+                                          params_without, split_extra)
 from forgerl.schema.messages import Exchange, Message, Part
 
 
@@ -55,6 +56,27 @@ class CompletionsCodec:
 
     def parse_response(self, body: dict[str, Any], exchange: Exchange) -> None:
         fill_from_choices(body, exchange, _choice_message, _logprobs)
+
+    def render_response(self, answer: Answer, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The inverse of `parse_response`: the answer's text as a `text_completion` (it has no reasoning
+        or tool calls to say)."""
+        return _writer(answer, request).body(text=answer.turn.text)
+
+    def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
+        """The inverse of `CompletionsStream`."""
+        writer = _writer(answer, request)
+        for piece in pieces(answer.turn.text):
+            yield writer.chunk(True, text=piece)
+        yield from writer.end(text="")
+
+
+def _writer(answer: Answer, request: Mapping[str, Any]) -> ChoiceWriter:
+    logprobs = None
+    if answer.completion_logprobs is not None:  # vLLM's form for token-id answers (return_tokens_as_token_ids)
+        logprobs = {"tokens": [f"token_id:{token}" for token in answer.completion_token_ids or ()],
+                    "token_logprobs": list(answer.completion_logprobs), "top_logprobs": None}
+    return ChoiceWriter(answer, request, "cmpl-", ("text_completion", "text_completion"),
+                        "length" if answer.truncated else "stop", logprobs, prompt_on_choice=True)
 
 
 def _prompts(prompt: Any) -> tuple[list[str | list[int]], bool] | None:

@@ -38,16 +38,18 @@ is `incomplete_details.reason` when there is one, else the response status.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
 from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, StreamState, block, describe_error,
                                           dict_list, dump_arguments, error_of, image_part, image_url, join_message,
-                                          message_extra, openai_usage, params_without, split_extra, split_message,
-                                          take, tool_spec)
-from forgerl.recorder.policy_tokens import read_token_extension
+                                          message_extra, openai_usage, params_without, render_openai_usage,
+                                          split_extra, split_message, take, tool_spec)
+from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension, token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part
 
@@ -120,6 +122,94 @@ class ResponsesCodec:
         exchange.stop_reason = reason or body.get("status")
         exchange.output = _read_items(dict_list(body.get("output")) or [], exchange.blobs)
         read_token_extension(body, exchange)
+
+    def render_response(self, answer: Answer, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The inverse of `parse_response`: the answer as a `response` object. Reasoning is a reasoning
+        item whose summary holds it (as OpenAI's models say theirs), the signature as encrypted_content;
+        the request's settings are echoed, as the API does."""
+        return _response(answer, request, "incomplete" if answer.truncated else "completed", _answer_items(answer))
+
+    def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
+        """The inverse of `ResponsesStream`: created, in_progress, per item its added event, its parts
+        and text deltas and done events, then the terminal event with the whole response. Each frame is
+        also what the Responses WebSocket sends as one text message."""
+        numbers = itertools.count()
+
+        def event(kind: str, tokens: bool = False, **data: Any) -> Frame:
+            name = f"response.{kind}"
+            return Frame(name, {"type": name, "sequence_number": next(numbers), **data}, tokens)
+
+        shell = _response(answer, request, "in_progress", [])
+        yield event("created", response=shell)
+        yield event("in_progress", response=shell)
+        for n, item in enumerate(_answer_items(answer)):
+            at = {"item_id": item["id"], "output_index": n}
+            kind = item["type"]
+            yield event("output_item.added", output_index=n, item={**item, **_EMPTY_ITEMS[kind]})
+            if kind == "reasoning":
+                text, part = item["summary"][0]["text"], {"type": "summary_text", "text": ""}
+                yield event("reasoning_summary_part.added", **at, summary_index=0, part=part)
+                for piece in pieces(text):
+                    yield event("reasoning_summary_text.delta", True, **at, summary_index=0, delta=piece)
+                yield event("reasoning_summary_text.done", **at, summary_index=0, text=text)
+                yield event("reasoning_summary_part.done", **at, summary_index=0, part=item["summary"][0])
+            elif kind == "message":
+                text, part = item["content"][0]["text"], _output_text("")
+                yield event("content_part.added", **at, content_index=0, part=part)
+                for piece in pieces(text):
+                    yield event("output_text.delta", True, **at, content_index=0, delta=piece, logprobs=[])
+                yield event("output_text.done", **at, content_index=0, text=text, logprobs=[])
+                yield event("content_part.done", **at, content_index=0, part=item["content"][0])
+            else:
+                for piece in pieces(item["arguments"]):
+                    yield event("function_call_arguments.delta", True, **at, delta=piece)
+                yield event("function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+            yield event("output_item.done", output_index=n, item=item)
+        status = "incomplete" if answer.truncated else "completed"
+        yield event(status, response=_response(answer, request, status, _answer_items(answer)))
+
+
+# What the response echoes of the request, and the API's defaults for what the request left out.
+_ECHOED = {"instructions": None, "metadata": {}, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+           "temperature": 1.0, "top_p": 1.0, "reasoning": None, "text": {"format": {"type": "text"}}, "store": False,
+           "truncation": "disabled"}
+# An item as output_item.added announces it, before its parts stream.
+_EMPTY_ITEMS = {"reasoning": {"summary": []}, "message": {"status": "in_progress", "content": []},
+                "function_call": {"status": "in_progress", "arguments": ""}}
+
+
+def _response(answer: Answer, request: Mapping[str, Any], status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+    done = status != "in_progress"
+    body = {"id": f"resp_{answer.id}", "object": "response", "created_at": answer.created, "status": status,
+            "model": answer.model, "output": output, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "usage": render_openai_usage(answer.usage, "input_tokens", "output_tokens") if done else None,
+            **{key: default if request.get(key) is None else request[key] for key, default in _ECHOED.items()}}
+    if done and answer.completion_token_ids is not None:
+        body[TOKENS_KEY] = token_extension(answer.prompt_token_ids, answer.completion_token_ids,
+                                           answer.completion_logprobs)
+    return body
+
+
+def _answer_items(answer: Answer) -> list[dict[str, Any]]:
+    turn = answer.turn
+    items: list[dict[str, Any]] = []
+    if turn.reasoning is not None:
+        reasoning = {"id": f"rs_{answer.id}", "type": "reasoning",
+                     "summary": [{"type": "summary_text", "text": turn.reasoning}]}
+        if answer.signature is not None:
+            reasoning["encrypted_content"] = answer.signature
+        items.append(reasoning)
+    if turn.text:
+        items.append({"id": f"msg_{answer.id}", "type": "message", "status": "completed", "role": "assistant",
+                      "content": [_output_text(turn.text)]})
+    items.extend({"id": f"fc_{call_id}", "type": "function_call", "status": "completed", "call_id": call_id,
+                  "name": call.name, "arguments": call.arguments_json()} for call_id, call in answer.calls())
+    return items
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def _text_message(role: str, text: str, hint: str) -> Message:

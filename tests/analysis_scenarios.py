@@ -1,4 +1,4 @@
-"""Scripted harness-like sessions for the bundled example dataset and the hand-labelled test fixtures.
+"""Scripted harness-like sessions for the hand-labelled analysis fixtures and the bundled example dataset.
 
 Each `Scenario` is what a model "says" turn by turn and what the harness's
 tools answer. `play` drives it with the real SDK clients (anthropic, openai)
@@ -6,7 +6,8 @@ through a recorder session URL, sending a harness's User-Agent and tool names,
 so the recorder sees the traffic a harness would send. `script` is the
 upstream's side: it finds the scenario named in the first user text and
 answers the turn given by the number of assistant messages so far.
-Used only to record data; the views never import the recorder.
+Used only to record data: by tests/analysis_fixtures.py, and by
+examples/record_example.py for analysis/example/.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from forgerl.recorder.scripted import Request, ToolCall, Turn
+from forgerl.schema.messages import Usage
 
-USAGE = {"input_tokens": 100, "output_tokens": 10, "cache_read_input_tokens": 1000,
-         "cache_creation_input_tokens": 50}
+from scripted_upstream import Request, ToolCall, Turn
+
+USAGE = Usage(input_tokens=100, output_tokens=10, cache_read_tokens=1000, cache_write_tokens=50)
 CLAUDE_UA = "claude-cli/2.1.197 (external, sdk-cli)"
 CODEX_UA = "codex_exec/0.171.0 (Debian 12; x86_64) xterm"
 REMINDER = "<system-reminder>\nThe task tools are available.\n</system-reminder>"

@@ -1,6 +1,6 @@
-"""Record the bundled example dataset: `python -m forgerl.analysis.record_example analysis/example`.
+"""Record the bundled example dataset: `.venv/bin/python examples/record_example.py analysis/example`.
 
-Plays every scenario of `scenarios.py` three times (sessions `<name>-a1..a3`)
+Plays every scenario of tests/analysis_scenarios.py three times (sessions `<name>-a1..a3`)
 with the SDK clients through the real recorder (in-process, over loopback)
 against the scripted upstream, adds graded outcomes the way a runner would,
 and compacts the result into a few files small enough to keep in git.
@@ -13,11 +13,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
-from forgerl.recorder.scripted import ScriptedUpstream
-from forgerl.schema.store import DatasetWriter, compact
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted upstream and scenarios
 
-from . import scenarios
+import analysis_scenarios as scenarios  # noqa: E402
+from scripted_upstream import ScriptedUpstream  # noqa: E402
+
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig  # noqa: E402
+from forgerl.schema.store import DatasetWriter, compact  # noqa: E402
 
 ATTEMPTS = 3
 # scenario -> (task, reward per attempt); None = infra_error (not an attempt).
@@ -54,7 +56,7 @@ def record(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m forgerl.analysis.record_example", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="examples/record_example.py", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     record(args.out)
