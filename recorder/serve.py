@@ -8,10 +8,11 @@ gateway parses the request with the recorder's own codec (Anthropic
 Messages, OpenAI Responses, Chat Completions), renders the conversation with
 the tokenizer's chat template (`forgerl.schema.chat`), asks the policy for a
 completion of exactly those token ids, parses the generated text into
-reasoning / text / tool calls (`forgerl.schema.toolcalls`), and answers in
-the harness's API, streaming when asked. The token ids, logprobs and policy
-version ride back in the answer (`policy_tokens`), so the recorded call holds
-them.
+reasoning / text / tool calls (`forgerl.schema.toolcalls`), and has the same
+codec write that `Answer` in the harness's API (`render_response`, or
+`render_stream` when asked to stream). The token ids and logprobs ride back
+in the answer (`policy_tokens`), so the recorded call holds them; the
+recorder tags the call with the policy version itself.
 
 Token continuity: harnesses resend the whole history each call. When a
 request's messages continue an earlier answer (its input + its output +
