@@ -7,6 +7,8 @@ scattered in SQL. To teach the analysis a new harness, add rows here.
 
 from __future__ import annotations
 
+from forgerl.schema.segments import SUBAGENT_TOOLS
+
 KINDS: tuple[str, ...] = ("shell", "read", "write", "search", "web", "plan", "subagent", "other")
 
 # tool name as the model sees it -> kind. Sources: Claude Code 2.1 (sdk-tools.d.ts), Codex CLI 0.17x,
@@ -20,7 +22,6 @@ TOOL_KINDS: dict[str, str] = {
     "WebFetch": "web", "WebSearch": "web",
     "TodoWrite": "plan", "TaskCreate": "plan", "TaskUpdate": "plan", "TaskList": "plan", "TaskGet": "plan",
     "ExitPlanMode": "plan",
-    "Agent": "subagent", "Task": "subagent",
     # Codex CLI
     "exec_command": "shell", "write_stdin": "shell", "shell": "shell", "local_shell": "shell",
     "container.exec": "shell", "unified_exec": "shell",
@@ -29,13 +30,13 @@ TOOL_KINDS: dict[str, str] = {
     "grep_files": "search",
     "web_search": "web", "web_fetch": "web",
     "update_plan": "plan",
-    "spawn_agent": "subagent",
     # OpenClaw / ZeroClaw
     "exec": "shell", "process": "shell", "file_read": "read", "read": "read",
     "edit": "write", "write": "write", "file_write": "write",
     "glob": "search", "grep": "search", "memory_search": "search",
     "browser": "web", "http_request": "web",
-    "sessions_spawn": "subagent", "delegate": "subagent",
+    # Subagent tools of every harness: one list, which the thread segmenter also reads.
+    **{name: "subagent" for name in SUBAGENT_TOOLS},
 }
 
 # Argument keys that name a tool's file (first present wins) and its shell command.

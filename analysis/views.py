@@ -54,10 +54,15 @@ def _names(names: tuple[str, ...]) -> str:
     return ", ".join(map(_lit, names))
 
 
+# `turn` counts a session's model calls in time order; `segment_index` / `segment_turn` place each in the
+# thread the dataset stored for it (`forgerl.schema.segments`), so a subagent's turns count in its own thread.
 TURNS = """
 SELECT session_id, call_id,
        row_number() OVER (PARTITION BY session_id ORDER BY t_start, seq, call_id) AS turn,
-       t_start, coalesce(model_returned, model_requested) AS model, output_refs
+       t_start, coalesce(model_returned, model_requested) AS model, output_refs,
+       segment_index, session_id || ':' || segment_index AS segment_id, segment_reason,
+       CASE WHEN segment_index IS NOT NULL THEN row_number() OVER (
+           PARTITION BY session_id, segment_index ORDER BY t_start, seq, call_id) END AS segment_turn
 FROM calls WHERE len(output_refs) > 0
 """
 
@@ -251,8 +256,7 @@ FROM both_ GROUP BY session_id
 """
 
 SESSION_INFO = """
-WITH h AS (
-  SELECT session_id, any_value(harness) FILTER (WHERE harness <> 'unknown') AS harness FROM sessions GROUP BY 1),
+WITH h AS (SELECT session_id, nullif(harness, 'unknown') AS harness FROM sessions),
 o AS (
   SELECT session_id, any_value(task_id) AS task, any_value(harness) AS harness, any_value(model) AS model
   FROM outcomes GROUP BY 1),
@@ -370,7 +374,8 @@ FROM g WHERE k <= max_k GROUP BY ALL ORDER BY 1, 2
 
 
 VIEWS: tuple[View, ...] = (
-    View("turns", "one row per model call that produced output, numbered per session (turn 1, 2, ...)", TURNS),
+    View("turns", "one row per model call that produced output, numbered per session (turn 1, 2, ...) and within "
+         "its stored thread segment (segment_id, segment_turn)", TURNS),
     View("tool_calls", "every tool call a model made: turn, position, kind, file path, command, target, check kind",
          TOOL_CALLS),
     View("tool_results", "one row per tool call id that got a result: is_error, exit code, error text, failed",

@@ -99,7 +99,8 @@ class DriftReport:
                                   "engine": engine[max(0, at - _WINDOW): at + _WINDOW],
                                   "rendered": rendered[max(0, at - _WINDOW): at + _WINDOW]})
 
-    def check_segment(self, segment_id: str, calls: list[Call], enable_thinking: bool) -> None:
+    def check_segment(self, segment_id: str, calls: list[Call], enable_thinking: bool,
+                      before: Call | None = None) -> None:
         """Prompt and history checks over one segment's calls (in order), if the mode picks the segment.
 
         Except in `all` mode only the segment's last call is re-rendered: its prompt holds the whole
@@ -112,7 +113,7 @@ class DriftReport:
             return
         self.segments_checked += 1
         every = self.mode == "all"
-        previous: Call | None = None
+        previous: Call | None = before if before is not None and before.engine_ids is not None else None
         last = len(calls) - 1
         for n, call in enumerate(calls):
             if call.engine_ids is None:
@@ -130,8 +131,6 @@ class DriftReport:
             previous = call
 
     def note_tokens(self, ts: TokenSample) -> None:
-        if ts.part > 0:
-            self.thread_breaks += 1
         if ts.template_consistent is not None and self.renderer is not None:
             self._record("verl_sanity", ts.sample.sample_id, ts.whole_ids or ts.input_ids, ts.input_ids)
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from forgerl.errors import UserError
 from forgerl.schema.messages import canonical_json
 
 from . import atif as atif_out
@@ -34,14 +35,14 @@ TOKEN_SCHEMA = pa.schema([
     ("segment_index", pa.int32()), ("segment_reason", pa.string()), ("parent_segment", pa.string()),
     ("parent_position", pa.int32()), ("mode", pa.string()), ("harness", pa.string()), ("model", pa.string()),
     ("api", pa.string()), ("policy_version", pa.string()), ("call_ids", pa.list_(pa.string())),
-    ("token_part", pa.int32()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+    ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
     ("response_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float32())), ("reward", pa.float64()),
     ("retokenized", pa.bool_()), ("template_consistent", pa.bool_()), ("images", pa.list_(pa.string())),
     ("num_tokens", pa.int32()), ("num_turns", pa.int32()),
 ])
 
 
-class UsageError(ValueError):
+class UsageError(UserError, ValueError):
     """Options that do not fit together."""
 
 
@@ -148,9 +149,12 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
             output.path(split, f"{name}.json").write_text(canonical_json(doc) + "\n")
             counts[f"rows_{split}"] += 1
             continue
+        drift.thread_breaks += sum(s.reason == "token_break" for s in segments)
         if opts.target in ("tokens", "verl-sft"):
-            for seg in segments:
-                drift.check_segment(seg.segment_id, seg.calls, True)
+            last_of = {s.index: s.last for s in segments}
+            for seg in segments:  # a token break's history check compares with the call it broke from
+                before = last_of.get(seg.parent) if seg.reason == "token_break" else None
+                drift.check_segment(seg.segment_id, seg.calls, True, before)
         for sample in samples(session, segments, opts.mode if opts.target == "tokens" else "thread"):
             reason = opts.filters.sample_reason(sample)
             if reason:
@@ -187,7 +191,8 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
 
 def _rows(opts: Options, renderer: Renderer | None, sample, drift: DriftReport, counts: Counter, root: Path):
     if opts.target == "tokens":
-        for ts in tokenize(renderer, sample, prefer_engine=opts.tokens_from == "engine"):
+        ts = tokenize(renderer, sample, prefer_engine=opts.tokens_from == "engine")
+        if ts is not None:
             drift.note_tokens(ts)
             counts["retokenized" if ts.retokenized else "engine_ids"] += 1
             yield token_row(ts), "part"

@@ -30,17 +30,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forgerl.schema import duck
-from forgerl.schema.messages import Message, canonical_json, sha256_hex
-from forgerl.schema.migrations import SchemaVersionError
+from forgerl.schema.messages import Message
 from forgerl.schema.records import MessageMemo, call_forms
-from forgerl.schema.store import DatasetError, data_files, file_version, read_manifest
+from forgerl.schema.store import DatasetError, SchemaVersionError, data_files, file_version, open_dataset
 from forgerl.schema.tables import SCHEMA_VERSION, TABLES
 
 CALL_COLUMNS = ("call_id", "session_id", "seq", "api", "status", "error", "complete", "t_start",
                 "model_requested", "model_returned", "stop_reason", "input_tokens", "output_tokens",
                 "cache_read_tokens", "tools", "request_params", "input_refs", "input_msg", "input_roles",
                 "input_extra", "output_refs", "output_msg", "output_roles", "output_extra", "prompt_token_ids",
-                "completion_token_ids", "completion_logprobs", "policy_version")
+                "completion_token_ids", "completion_logprobs", "policy_version", "segment_index", "segment_reason",
+                "parent_segment", "parent_position", "continues_call")
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 # Every call resends the history's ids and the tool schemas (Claude Code: ~60 kB of JSON), so those columns
 # are most of a calls file. DuckDB sorts the rest, with each row's file and row number; the heavy columns
@@ -94,11 +94,6 @@ class Call:
         return _parse_tools(self.row["tools"]) if self.row.get("tools") else []
 
     @property
-    def tools_key(self) -> str:
-        """A digest of the offered tools' canonical JSON (computed once per distinct stored text)."""
-        return _tools_key(self.row.get("tools"))
-
-    @property
     def engine_ids(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The prompt and completion ids the engine reported (int32 arrays), if it reported both."""
         prompt, completion = self.row.get("prompt_token_ids"), self.row.get("completion_token_ids")
@@ -135,8 +130,9 @@ class Session:
 
 
 def check_dataset(root: Path) -> dict:
-    """The manifest, after checking every data file opens and has a known schema version."""
-    manifest = read_manifest(root)
+    """The manifest (the dataset upgraded first), after checking every data file opens and has a known
+    schema version."""
+    manifest = open_dataset(root)
     for table in TABLES:
         for path in data_files(root, table):
             try:
@@ -159,11 +155,6 @@ def _connect(root: Path) -> duckdb.DuckDBPyConnection:
 @lru_cache(maxsize=64)
 def _parse_tools(text: str) -> list[dict[str, Any]]:
     return json.loads(text)
-
-
-@lru_cache(maxsize=64)
-def _tools_key(text: str | None) -> str:
-    return sha256_hex(canonical_json(_parse_tools(text) if text else []))
 
 
 def _lists(column: pa.Array) -> list[np.ndarray | None]:
@@ -266,9 +257,7 @@ def iter_sessions(root: Path, *, harnesses: set[str] | None = None) -> Iterator[
 
 def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
     con = _connect(root)
-    meta = con.execute("SELECT session_id, max(harness) FILTER (WHERE harness IS NOT NULL AND harness <> 'unknown') "
-                       "FROM sessions GROUP BY session_id").fetchall()
-    harness_of = dict(meta)
+    harness_of = dict(con.execute("SELECT session_id, harness FROM sessions").fetchall())
     outcomes = {r["session_id"]: r for r in con.sql(
         "SELECT * FROM outcomes QUALIFY row_number() OVER (PARTITION BY session_id "
         "ORDER BY attempt DESC NULLS LAST, t_end DESC NULLS LAST) = 1").to_arrow_table().to_pylist()}

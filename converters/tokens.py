@@ -3,11 +3,10 @@
 Engine path (every call of the sample carries `prompt_token_ids` and
 `completion_token_ids`): the ids the model really saw and wrote. A thread is
 the first call's prompt + completion, then each later call's prompt suffix
-(context, no loss) + completion (loss). When a later prompt does not extend
-the ids so far (the template re-rendered history differently: stripped
-`<think>`, other turn separators), merging would train on tokens the model
-never saw, so the thread is cut there into another token sample
-(`token_part` counts them) and the break is counted in the drift report.
+(context, no loss) + completion (loss). A stored segment never holds a call
+whose prompt does not extend the ids before it: the segmenter cuts there
+(`token_break`, `forgerl.schema.segments`), so SFT rows, token rows and RL
+samples are cut the same way.
 
 Template path (`retokenized`): thread samples are rendered exactly as veRL's
 `MultiTurnSFTDataset` does (each message on its own, system prompt stripped
@@ -22,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +34,6 @@ from .tokenizer import PieceEncoder
 @dataclass
 class TokenSample:
     sample: Sample
-    part: int
     input_ids: list[int] | np.ndarray  # numpy from engine ids, lists from the template
     loss_mask: list[int] | np.ndarray
     logprobs: list[float | None] | np.ndarray | None  # NaN in an array = no logprob recorded
@@ -82,17 +80,8 @@ def has_engine_ids(sample: Sample) -> bool:
     return all(c.engine_ids is not None for c in sample.calls)
 
 
-def _extends(prompt: np.ndarray, previous: tuple[np.ndarray, np.ndarray]) -> bool:
-    """Does `prompt` start with the previous call's prompt + completion? (That prompt was checked the same
-    way against the one before it, so this is the whole thread so far, at two comparisons per call.)"""
-    before, completion = previous
-    n = len(before)
-    return (len(prompt) >= n + len(completion) and np.array_equal(prompt[:n], before)
-            and np.array_equal(prompt[n: n + len(completion)], completion))
-
-
-def engine_tokens(sample: Sample) -> Iterator[TokenSample]:
-    """The recorded ids, cut where a call's prompt does not extend the ids before it.
+def engine_tokens(sample: Sample) -> TokenSample:
+    """The recorded ids of the segment's calls, each later prompt's new tail as context.
 
     Ids, mask and logprobs are numpy arrays (NaN where no logprob was recorded): the ids are the
     engine's, so nothing here needs them as Python ints.
@@ -100,15 +89,12 @@ def engine_tokens(sample: Sample) -> Iterator[TokenSample]:
     pieces: list[np.ndarray] = []
     scores: list[np.ndarray] = []
     trained: list[bool] = []
-    length = part = 0
-    previous: tuple[np.ndarray, np.ndarray] | None = None
+    length = 0
     for call in sample.calls:
         prompt, completion = call.engine_ids
-        if previous is not None and not _extends(prompt, previous):
-            yield _engine_sample(sample, part, pieces, trained, scores)
-            part += 1
-            pieces, scores, trained, length = [], [], [], 0
-        previous = (prompt, completion)
+        if len(prompt) < length:
+            raise RuntimeError(f"segment {sample.segment.segment_id}: call {call.row['call_id']}'s prompt is shorter "
+                               "than the ids before it; the stored segment contradicts its token ids")
         new = prompt[length:]
         recorded = call.row.get("completion_logprobs")
         pieces += [new, completion]
@@ -117,15 +103,10 @@ def engine_tokens(sample: Sample) -> Iterator[TokenSample]:
                    recorded.astype(np.float32, copy=False) if recorded is not None and len(recorded) == len(completion)
                    else np.full(len(completion), np.nan, np.float32)]
         length += len(new) + len(completion)
-    yield _engine_sample(sample, part, pieces, trained, scores)
-
-
-def _engine_sample(sample: Sample, part: int, pieces: list[np.ndarray], trained: list[bool],
-                   scores: list[np.ndarray]) -> TokenSample:
     ids = np.concatenate(pieces).astype(np.int32, copy=False)
     mask = np.repeat(np.array(trained, np.int8), [len(p) for p in pieces])
     logprobs = np.concatenate(scores)
-    return TokenSample(sample, part, ids, mask, None if np.isnan(logprobs).all() else logprobs, False, None)
+    return TokenSample(sample, ids, mask, None if np.isnan(logprobs).all() else logprobs, False, None)
 
 
 def chat_of(sample: Sample) -> tuple[list[dict], list[tuple[int, int]]]:
@@ -167,7 +148,7 @@ def template_tokens(renderer: Renderer, sample: Sample) -> TokenSample:
     trained_chat = {j for i in sample.trained for j in range(*ranges[i])}
     if sample.mode == "thread":
         ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat)
-        return TokenSample(sample, 0, ids, mask, None, True, ids == whole, None if ids == whole else whole)
+        return TokenSample(sample, ids, mask, None, True, ids == whole, None if ids == whole else whole)
     first_out = min(sample.trained)
     prompt_chat = chat[: ranges[first_out][0]]
     prompt = renderer.text(prompt_chat, tools, True, thinking)
@@ -176,28 +157,27 @@ def template_tokens(renderer: Renderer, sample: Sample) -> TokenSample:
         prompt_ids, completion_ids, whole = renderer.encode([prompt, full[len(prompt):], full])
     else:  # the template renders the history differently once the answer follows: veRL's way, flagged
         ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat)
-        return TokenSample(sample, 0, ids, mask, None, True, ids == whole, None if ids == whole else whole)
+        return TokenSample(sample, ids, mask, None, True, ids == whole, None if ids == whole else whole)
     ids = prompt_ids + completion_ids
-    return TokenSample(sample, 0, ids, [0] * len(prompt_ids) + [1] * len(completion_ids), None, True,
+    return TokenSample(sample, ids, [0] * len(prompt_ids) + [1] * len(completion_ids), None, True,
                        ids == whole, None if ids == whole else whole)
 
 
-def tokenize(renderer: Renderer | None, sample: Sample, prefer_engine: bool = True) -> Iterator[TokenSample]:
+def tokenize(renderer: Renderer | None, sample: Sample, prefer_engine: bool = True) -> TokenSample | None:
+    """Engine ids when every call has them (and they are preferred), else the template; None without one."""
     if prefer_engine and has_engine_ids(sample):
-        yield from engine_tokens(sample)
-    elif renderer is not None:
-        yield template_tokens(renderer, sample)
+        return engine_tokens(sample)
+    return template_tokens(renderer, sample) if renderer is not None else None
 
 
 def token_row(ts: TokenSample) -> dict[str, Any]:
     s = ts.sample
     prov = s.provenance()
     return {
-        "sample_id": s.sample_id if ts.part == 0 else f"{s.sample_id}#{ts.part}",
+        "sample_id": s.sample_id,
         **{k: prov[k] for k in ("session_id", "segment_id", "segment_index", "segment_reason", "parent_segment",
                                 "parent_position", "mode", "harness", "model", "api", "policy_version",
                                 "call_ids")},
-        "token_part": ts.part,
         "input_ids": ts.input_ids,
         "loss_mask": ts.loss_mask,
         "response_mask": ts.loss_mask,

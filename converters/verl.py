@@ -20,6 +20,7 @@ from typing import Any
 from forgerl.schema.chat import chat_tools, to_chat_messages
 
 from .samples import Sample
+from .tokens import chat_of
 
 # veRL's data.custom_cls (path, name) for verl-sft shards: MultiTurnSFTDataset decoding the JSON `tools` column
 SFT_DATASET_CLASS = ("pkg://forgerl.trainer.sft_dataset", "ForgeSFTDataset")
@@ -58,10 +59,17 @@ actor_rollout_ref:
 
 
 def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
-    """One MultiTurnSFTDataset row; `images` only for rows that have images (veRL then needs a processor)."""
+    """One MultiTurnSFTDataset row; `images` only for rows that have images (veRL then needs a processor).
+
+    `trained_messages` lists the chat messages this segment's calls generated: veRL's stock class trains
+    every assistant message, so a segment that inherits earlier answers (a subagent's parent history, a
+    token break, a compaction) would train them again; `ForgeSFTDataset` masks the others, as `tokens` does.
+    """
     prov = sample.provenance()
+    chat, ranges = chat_of(sample)
     row: dict[str, Any] = {
-        "messages": to_chat_messages(sample.messages, arguments="json"),
+        "messages": chat,
+        "trained_messages": sorted(j for i in sample.trained for j in range(*ranges[i])),
         "tools": json.dumps(chat_tools(sample.tools) or None, ensure_ascii=False),
         "enable_thinking": sample.enable_thinking,
         **{k: prov[k] for k in ("sample_id", "session_id", "segment_id", "segment_reason", "parent_segment",

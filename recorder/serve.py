@@ -21,6 +21,10 @@ new tool results or user turns), the prompt is that earlier call's prompt ids
 one token sequence exactly as the model produced it (no re-tokenisation
 drift, no `<think>` stripped from history). Otherwise the whole conversation
 is rendered afresh (a new segment: compaction, subagents, edited history).
+Every answer names itself and the answer it continues in two response
+headers (`X-Forge-Answer`, `X-Forge-Continues`), which the recorder stores:
+the thread segmenter (`forgerl.schema.segments`) takes them as the decision
+for served calls instead of inferring it again.
 
 Sampling (temperature, top_p) is the gateway's, set by whoever trains; a
 request's `max_tokens` is honoured up to the gateway's cap.
@@ -34,13 +38,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
 
+from forgerl.errors import UserError
 from forgerl.schema.chat import chat_tools, to_chat_messages
 from forgerl.schema.messages import Exchange, Usage, canonical_json, sha256_hex
+from forgerl.schema.segments import ANSWER_HEADER, CONTINUES_HEADER
 from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, format_for_template, parse_generation
 
 from .apis import ANTHROPIC, CHAT, RESPONSES, codec_for
@@ -55,7 +61,12 @@ _MAX_TOKEN_KEYS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
 @dataclass
 class Prompt:
     ids: list[int]
-    continued: bool  # built on an earlier answer's ids (False: rendered afresh, a new segment)
+    continues: str | None  # the answer whose ids it is built on (None: rendered afresh, a new segment)
+    answer_id: str = field(default_factory=lambda: new_id("fa_"))  # names the answer to this prompt
+
+    def headers(self) -> dict[str, str]:
+        """What the recorder stores for the segmenter: this answer, and the answer it continues."""
+        return {ANSWER_HEADER: self.answer_id, CONTINUES_HEADER: self.continues or ""}
 
 
 class PromptBuilder:
@@ -65,7 +76,7 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.kwargs = dict(chat_template_kwargs or {})
-        self._known: OrderedDict[str, list[int]] = OrderedDict()
+        self._known: OrderedDict[str, tuple[list[int], str]] = OrderedDict()  # prefix key -> ids, answer id
         self._remember = remember
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -87,16 +98,17 @@ class PromptBuilder:
             end = _nth(full, self.tokenizer.eos_token, turns)
             if end < 0:
                 break
-            return Prompt(known + self.tokenizer.encode(full[end:], add_special_tokens=False), True)
-        return Prompt(self.tokenizer.encode(full, add_special_tokens=False), False)
+            ids, answer = known
+            return Prompt(ids + self.tokenizer.encode(full[end:], add_special_tokens=False), answer)
+        return Prompt(self.tokenizer.encode(full, add_special_tokens=False), None)
 
     def remember(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 answer: list[dict[str, Any]], ids: list[int]) -> None:
+                 answer: list[dict[str, Any]], ids: list[int], answer_id: str) -> None:
         """An answer that ended its turn: later requests that repeat it continue from `ids`."""
         if not ids or ids[-1] != self.eos_id:
             return
         key = _prefix_keys(messages + answer, tools)[-1]
-        self._known[key] = ids
+        self._known[key] = (ids, answer_id)
         self._known.move_to_end(key)
         while len(self._known) > self._remember:
             self._known.popitem(last=False)
@@ -185,8 +197,8 @@ class PolicyGateway:
             log.warning("policy failed: %s", e)
             return _error(502, str(e))
         if not body.get("stream"):
-            return web.json_response(codec.render_response(answer, body))
-        return await _stream(request, codec.render_stream(answer, body))
+            return web.json_response(codec.render_response(answer, body), headers=prompt.headers())
+        return await _stream(request, codec.render_stream(answer, body), prompt.headers())
 
     async def _count_tokens(self, body: dict[str, Any]) -> web.Response:
         exchange = ANTHROPIC.parse_request(body)
@@ -201,7 +213,7 @@ class PolicyGateway:
         prompt = await asyncio.to_thread(self.prompts.build, messages, tools)
         generation = await self.policy.generate(prompt.ids, self._sampling(exchange.params))
         self.calls += 1
-        self.new_segments += not prompt.continued
+        self.new_segments += prompt.continues is None
         turn = self._parse(generation)
         ids = generation.token_ids
         answer = Answer(id=new_id(), model=exchange.model_requested or self.served_model, turn=turn,
@@ -211,7 +223,7 @@ class PolicyGateway:
                         finish=generation.finish_reason, created=int(time.time()), prompt_token_ids=prompt.ids,
                         completion_token_ids=ids, completion_logprobs=generation.logprobs)
         said = to_chat_messages([answer.message()])
-        self.prompts.remember(messages, tools, said, prompt.ids + generation.token_ids)
+        self.prompts.remember(messages, tools, said, prompt.ids + generation.token_ids, prompt.answer_id)
         return answer, prompt
 
     def _parse(self, generation: Generation) -> ParsedTurn:
@@ -228,8 +240,9 @@ class PolicyGateway:
         return replace(self.sampling, max_tokens=max(1, asked))
 
 
-async def _stream(request: web.Request, frames: Iterator[Frame]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+async def _stream(request: web.Request, frames: Iterator[Frame], headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **headers})
     await response.prepare(request)
     for frame in frames:
         await response.write(frame.sse())
@@ -279,9 +292,9 @@ def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     if not os.path.isdir(path):
-        raise ValueError(f"--tokenizer: no such directory: {path}")
+        raise UserError(f"--tokenizer: no such directory: {path}")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"--tokenizer {path}: the tokenizer has no chat template")
+        raise UserError(f"--tokenizer {path}: the tokenizer has no chat template")
     format_for_template(tokenizer.chat_template)
     return tokenizer

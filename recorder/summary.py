@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from forgerl.errors import UserError
 from forgerl.schema.duck import connect
 
 SESSION_SQL = """
@@ -21,8 +22,7 @@ SELECT c.session_id,
        coalesce(sum(c.cache_read_tokens), 0) AS cache_read,
        coalesce(sum(c.cache_write_tokens), 0) AS cache_write,
        count(*) FILTER (WHERE c.error IS NOT NULL) AS errors
-FROM calls c LEFT JOIN (SELECT session_id, any_value(harness) FILTER (WHERE harness <> 'unknown') AS harness
-                        FROM sessions GROUP BY 1) s USING (session_id)
+FROM calls c LEFT JOIN sessions s USING (session_id)
 {where}
 GROUP BY c.session_id ORDER BY started
 """
@@ -91,7 +91,7 @@ def show_session(root: str | Path, session_id: str) -> str:
     con = connect(root)
     calls = con.execute(SHOW_SQL, [session_id]).fetchall()
     if not calls:
-        raise LookupError(f"no session {session_id!r} in {root}")
+        raise UserError(f"no session {session_id!r} in {root}")
     names = [d[0] for d in con.description]
     parts = {h: (t, name, args, text, err) for h, t, name, args, text, err in con.execute(
         "SELECT part_hash, part_type, tool_name, arguments, text, is_error FROM messages WHERE session_id = ?",

@@ -5,9 +5,9 @@ its sources both), so a query sees whole files even mid-compaction. Tables
 with no files yet are empty tables of the right schema, so queries over a
 fresh dataset work rather than fail; they are real tables so every cursor of
 the connection sees them. Data files are written once and never changed, so
-Parquet footers are cached: views over views re-read no footer. Schema
-version 1 has no migrations; when one is added, this is where files older
-than `SCHEMA_VERSION` get converted.
+Parquet footers are cached: views over views re-read no footer. The dataset
+is opened through `store.open_dataset`, so an older one is upgraded first,
+and `sessions` shows one row per session (`store.SESSION_ROW_SQL`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from .store import data_files, read_manifest
+from .store import SESSION_ROW_SQL, data_files, open_dataset
 from .tables import TABLES
 
 
@@ -30,12 +30,15 @@ def connect(root: str | os.PathLike, *, threads: int | None = None,
     that stream; `threads` caps the worker threads.
     """
     root = Path(root)
-    read_manifest(root)
+    open_dataset(root)
     con = duckdb.connect(config={**(config or {}), **({"threads": threads} if threads else {})})
     con.execute("SET parquet_metadata_cache = true")
     for table, schema in TABLES.items():
         files = data_files(root, table)
-        if files:
+        if files and table == "sessions":
+            con.execute(f"CREATE VIEW session_rows AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
+            con.execute(f"CREATE VIEW sessions AS {SESSION_ROW_SQL}")
+        elif files:
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
         else:
             columns = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)

@@ -1,53 +1,123 @@
-"""Ordered, named migrations that bring a table read from an older file up to date.
+"""Ordered, named migrations that upgrade a dataset in place, once, when it is first opened.
 
-Every Parquet file records the schema version it was written with. Readers
-apply, in order, each migration whose `from_version` is at or above the
-file's version and below the target, then conform the result to the current
-Arrow schema (missing nullable columns become nulls, extra ones are dropped).
-A new schema version adds an entry here; old files are never rewritten.
+Every reader and writer opens a dataset through `store.open_dataset`, which
+runs `upgrade` when the manifest's schema version is older than this
+forgerl's (as simonw/llm migrates its store on open). A migration rewrites the
+files of the tables it changes (atomically, one file at a time) and the
+manifest records its name, so every read path (`read_table`, the DuckDB
+views, `forge-record ls/show`, the converters, the agent loop) sees one
+schema version. A dataset with a live writer is not upgraded: the writer
+would keep adding old files. Files a migration did not touch keep their
+version; their tables did not change.
+
+- `m002_segments_and_harness_rank` (v1 -> v2): every trainable call gets its
+  place in its session's threads (`schema/segments.py`, computed from the
+  stored calls and parts in recording order), and every `sessions` row the
+  rank of the evidence that named its harness.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
+import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .records import MessageMemo
+from .segments import NO_PLACE, SessionThreads
+from .store import (PLACE_COLUMNS, SchemaVersionError, atomic_write_table, conform, data_files, live_writers, maintenance_lock,
+                    read_manifest, write_manifest)
+from .tables import SCHEMA_VERSION, TABLES
 
 
 @dataclass(frozen=True)
 class Migration:
     name: str
-    table: str
-    from_version: int
-    apply: Callable[[pa.Table], pa.Table]
+    from_version: int  # upgrades a dataset at this version to the next
+    apply: Callable[[Path], None]
 
 
-# Version 1 is the first released schema: nothing to migrate from yet.
-MIGRATIONS: tuple[Migration, ...] = ()
+def upgrade(root: Path) -> dict:
+    """Run the pending migrations in order; return the upgraded manifest."""
+    lock = maintenance_lock(root)
+    try:
+        manifest = read_manifest(root)  # another process may have upgraded it while we waited
+        if manifest["schema_version"] >= SCHEMA_VERSION:
+            return manifest
+        live = live_writers(root)
+        if live:
+            raise SchemaVersionError(
+                f"{root}: the dataset is schema version {manifest['schema_version']} and needs an upgrade to "
+                f"{SCHEMA_VERSION}, but writer {live[0]} is still recording into it; stop it and retry")
+        for migration in MIGRATIONS:
+            if migration.from_version >= manifest["schema_version"]:
+                migration.apply(root)
+                manifest["schema_version"] = migration.from_version + 1
+                manifest["migrations"] = [*manifest.get("migrations", []), migration.name]
+                write_manifest(root, manifest)
+        return manifest
+    finally:
+        lock.release()
 
 
-class SchemaVersionError(ValueError):
-    """A file or dataset is newer than this forgerl understands."""
+# ------------------------------------------------------------------ v1 -> v2
+
+# The harness names v1's User-Agent table gave SDKs and runtimes rather than harnesses.
+_V1_GENERIC = frozenset({"anthropic-python", "anthropic-js", "openai-python", "openai-js"})
+# What placing a v1 call reads (v1 files have no placement yet).
+_PLACE_COLUMNS = tuple(c for c in PLACE_COLUMNS if c not in NO_PLACE)
 
 
-def migrate(table_name: str, table: pa.Table, version: int, target: int, schema: pa.Schema,
-            migrations: Sequence[Migration] = MIGRATIONS) -> pa.Table:
-    if version > target:
-        raise SchemaVersionError(
-            f"{table_name}: file has schema version {version}, this forgerl reads up to {target}; upgrade forgerl")
-    for migration in sorted(migrations, key=lambda m: m.from_version):
-        if migration.table == table_name and version <= migration.from_version < target:
-            table = migration.apply(table)
-    return conform(table, schema)
+def _v1_rank(harness: str | None) -> int:
+    return 0 if harness in (None, "unknown") else 1 if harness in _V1_GENERIC else 2
 
 
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Columns in schema order, with nulls for missing ones and types cast."""
-    columns = []
-    for field in schema:
-        if field.name in table.column_names:
-            columns.append(table.column(field.name).cast(field.type))
-        else:
-            columns.append(pa.nulls(table.num_rows, field.type))
-    return pa.Table.from_arrays(columns, schema=schema)
+def _placements(root: Path) -> dict[str, dict[str, Any]]:
+    """call id -> segment columns, each session's calls placed in recording order."""
+    con = duckdb.connect()
+    calls, parts = data_files(root, "calls"), data_files(root, "messages")
+    if not calls:
+        return {}
+    columns = ", ".join(_PLACE_COLUMNS)
+    rows = con.sql(f"SELECT {columns} FROM read_parquet({calls!r}, union_by_name=true) "
+                   "ORDER BY session_id, t_start, seq, call_id").to_arrow_table().to_pylist()
+    by_session: dict[str, dict[str, str]] = {}
+    if parts:
+        for sid, digest, part in con.sql(f"SELECT DISTINCT session_id, part_hash, part FROM "
+                                         f"read_parquet({parts!r}, union_by_name=true)").fetchall():
+            by_session.setdefault(sid, {})[digest] = part
+    out: dict[str, dict[str, Any]] = {}
+    threads, memo, current = SessionThreads(), MessageMemo(), None
+    for row in rows:
+        if row["session_id"] != current:
+            threads, memo, current = SessionThreads(), MessageMemo(), row["session_id"]
+        parts_of = by_session.get(current, {})
+        placement = threads.place(row, lambda form: memo.message(form, parts_of))
+        out[row["call_id"]] = placement.columns() if placement else NO_PLACE
+    return out
+
+
+def _m002(root: Path) -> None:
+    placed = _placements(root)
+    for path in map(Path, data_files(root, "calls")):
+        table = conform(pq.read_table(path), TABLES["calls"])
+        ids = table.column("call_id").to_pylist()
+        for name in NO_PLACE:
+            values = [placed.get(i, NO_PLACE)[name] for i in ids]
+            table = table.set_column(table.schema.get_field_index(name), name,
+                                     pa.array(values, TABLES["calls"].field(name).type))
+        atomic_write_table(path, table, "calls", 2)
+    for path in map(Path, data_files(root, "sessions")):
+        table = conform(pq.read_table(path), TABLES["sessions"])
+        ranks = pa.array([_v1_rank(h) for h in table.column("harness").to_pylist()], pa.int32())
+        table = table.set_column(table.schema.get_field_index("harness_rank"), "harness_rank", ranks)
+        atomic_write_table(path, table, "sessions", 2)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration("m002_segments_and_harness_rank", 1, _m002),
+)

@@ -34,8 +34,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .migrations import MIGRATIONS, Migration, SchemaVersionError, migrate
-from .records import CallRecord, call_rows
+import duckdb
+
+from forgerl.errors import UserError
+
+from .records import CallRecord, MessageMemo, call_forms, call_rows
+from .segments import NO_PLACE, SessionThreads
 from .tables import SCHEMA_VERSION, TABLES
 
 MANIFEST = "forgerl.json"
@@ -46,8 +50,32 @@ _SESSION_CACHE = 10_000
 _UNSEEN = object()
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """A path that is not a usable forgerl dataset; the message says why."""
+
+
+class SchemaVersionError(DatasetError):
+    """A file or dataset is newer than this forgerl understands, or cannot be upgraded."""
+
+
+# One row per session out of the `sessions` rows (`session_rows`): the row whose evidence names the harness
+# most specifically (the latest on ties), first seen when the session was first seen, with any labels.
+SESSION_ROW_SQL = """
+SELECT session_id, first AS first_seen, harness, user_agent, source, coalesce(labels, any_labels) AS labels,
+       writer_id, harness_rank, harness_evidence
+FROM (SELECT *, min(first_seen) OVER s AS first, max(labels) OVER s AS any_labels,
+             row_number() OVER (s ORDER BY coalesce(harness_rank, 0) DESC, first_seen DESC, writer_id DESC) AS n
+      FROM session_rows WINDOW s AS (PARTITION BY session_id))
+WHERE n = 1
+"""
+
+
+def one_row_per_session(rows: pa.Table) -> pa.Table:
+    """`sessions` rows collapsed by `SESSION_ROW_SQL` (compaction and `read_table`)."""
+    con = duckdb.connect()
+    con.register("session_rows", rows)
+    out = con.sql(SESSION_ROW_SQL + " ORDER BY first_seen, session_id").to_arrow_table()
+    return out.cast(TABLES["sessions"])
 
 
 # ---------------------------------------------------------------- files
@@ -124,11 +152,22 @@ def init_root(root: Path) -> dict:
             pass
         finally:
             tmp.unlink()
-    manifest = read_manifest(root)
+    return open_dataset(root)
+
+
+def open_dataset(root: str | os.PathLike) -> dict:
+    """The manifest of a dataset at the current schema version: every reader and writer opens through
+    here, so an older dataset is upgraded in place once (`migrations.upgrade`) before anything reads it."""
+    manifest = read_manifest(Path(root))
     if manifest["schema_version"] < SCHEMA_VERSION:
-        manifest["schema_version"] = SCHEMA_VERSION
-        atomic_write_bytes(path, (json.dumps(manifest, indent=2) + "\n").encode())
+        from .migrations import upgrade  # migrations build on this module
+
+        manifest = upgrade(Path(root))
     return manifest
+
+
+def write_manifest(root: Path, manifest: dict) -> None:
+    atomic_write_bytes(root / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
 
 
 def read_manifest(root: Path) -> dict:
@@ -169,8 +208,24 @@ class _Flock:
         os.close(self.fd)
 
 
-def _maintenance_lock(root: Path) -> _Flock:
+def maintenance_lock(root: Path) -> _Flock:
+    (root / "_writers").mkdir(exist_ok=True)  # a copied dataset may lack empty folders
     return _Flock(root / "_writers" / "maintenance.lock")
+
+
+def live_writers(root: Path) -> list[str]:
+    """Ids of writers whose lock is held: processes still writing into the dataset."""
+    live = []
+    for path in (root / "_writers").glob("*.lock"):
+        if path.name == "maintenance.lock":
+            continue
+        try:
+            _Flock(path, blocking=False).release()
+        except BlockingIOError:
+            live.append(path.stem)
+        except FileNotFoundError:
+            pass
+    return live
 
 
 # ---------------------------------------------------------------- writer
@@ -201,8 +256,8 @@ class DatasetWriter:
         self._mutex = threading.Lock()
         self._flush_mutex = threading.Lock()
         self._rows: dict[str, list[dict]] = {name: [] for name in TABLES}
-        self._seen: OrderedDict[str, tuple[set[str], set[str]]] = OrderedDict()
-        self._sessions: dict[str, str | None] = {}
+        self._seen: OrderedDict[str, tuple[set[str], set[str], SessionThreads]] = OrderedDict()
+        self._sessions: dict[str, int] = {}  # session -> rank of the evidence its last row was written with
         self._inflight: dict[str, Callable[[bool], CallRecord]] = {}
         self._inflight_written = False
         self._file_seq = 0
@@ -220,18 +275,21 @@ class DatasetWriter:
             return self._call_seq
 
     def add_session(self, session_id: str, *, harness: str | None = None, user_agent: str | None = None,
-                    labels: dict | None = None) -> None:
-        """A session row the first time it is seen, and again once its harness becomes known
-        (a harness's first request may be a bare connectivity probe)."""
+                    labels: dict | None = None, harness_rank: int | None = None,
+                    harness_evidence: str | None = None) -> None:
+        """A session row the first time it is seen, and again when more specific evidence names its harness
+        (`harness_rank`, see `tables.COLUMN_DOCS`): a harness's first request may be a bare probe."""
+        rank = harness_rank if harness_rank is not None else (0 if harness in (None, "unknown") else 2)
         with self._mutex:
-            known = self._sessions.get(session_id, _UNSEEN)
-            if known is not _UNSEEN and (known not in (None, "unknown") or harness in (None, "unknown")):
+            known = self._sessions.get(session_id)
+            if known is not None and rank <= known:
                 return  # already written, and this call tells us nothing new about the harness
-            self._sessions[session_id] = harness
+            self._sessions[session_id] = rank
             self._rows["sessions"].append({
                 "session_id": session_id, "first_seen": datetime.now(timezone.utc), "harness": harness,
                 "user_agent": user_agent, "source": self.source,
-                "labels": json.dumps(labels) if labels else None, "writer_id": self.writer_id})
+                "labels": json.dumps(labels) if labels else None, "writer_id": self.writer_id,
+                "harness_rank": rank, "harness_evidence": harness_evidence})
 
     def add_outcome(self, row: dict) -> None:
         """A graded rollout (see `tables.OUTCOMES`); columns left out are null."""
@@ -242,10 +300,12 @@ class DatasetWriter:
             self._rows["outcomes"].append({**row, "writer_id": self.writer_id})
 
     def add_call(self, record: CallRecord) -> None:
+        """A finished call: its rows, placed in its session's threads (`schema/segments.py`)."""
         record.writer_id = self.writer_id
         with self._mutex:
-            seen = self._seen_for(record.session_id)
-            call, messages, blobs = call_rows(record, *seen)
+            parts, blobs_seen, threads = self._seen_for(record.session_id)
+            call, messages, blobs = call_rows(record, parts, blobs_seen)
+            call.update(place_call(threads, call, record))
             self._rows["calls"].append(call)
             self._rows["messages"].extend(messages)
             self._rows["blobs"].extend(blobs)
@@ -264,12 +324,12 @@ class DatasetWriter:
         with self._mutex:
             self._inflight.pop(call_id, None)
 
-    def _seen_for(self, session_id: str) -> tuple[set[str], set[str]]:
+    def _seen_for(self, session_id: str) -> tuple[set[str], set[str], SessionThreads]:
         seen = self._seen.get(session_id)
         if seen is None:
-            seen = self._seen[session_id] = (set(), set())
+            seen = self._seen[session_id] = session_history(self.root, session_id)
             if len(self._seen) > _SESSION_CACHE:
-                self._seen.popitem(last=False)  # evicted sessions may rewrite a part: harmless
+                self._seen.popitem(last=False)  # read back from the dataset if the session resumes
         else:
             self._seen.move_to_end(session_id)
         return seen
@@ -341,6 +401,46 @@ class DatasetWriter:
         self.close()
 
 
+# What taking up a session's threads reads of its stored calls: everything but the raw bytes and bodies.
+PLACE_COLUMNS = ("call_id", "session_id", "seq", "t_start", "status", "error", "complete", "tools", "response_headers",
+                 "input_refs", "input_msg", "input_roles", "input_extra", "output_refs", "output_msg", "output_roles",
+                 "output_extra", "prompt_token_ids", "completion_token_ids", "segment_index", "segment_reason",
+                 "parent_segment", "parent_position")
+
+
+def session_history(root: Path, session_id: str) -> tuple[set[str], set[str], SessionThreads]:
+    """What the dataset already holds of a session a writer has not seen (a harness's `--continue` run
+    through a new recorder, a session evicted from the writer's cache): its written part and blob hashes,
+    and its threads as stored, so new calls are placed where the session left off."""
+    threads = SessionThreads()
+    calls, messages, blobs = (data_files(root, t) for t in ("calls", "messages", "blobs"))
+    if not calls:
+        return set(), set(), threads
+    where = [("session_id", "=", session_id)]
+    rows = pq.read_table(calls, columns=list(PLACE_COLUMNS), filters=where).to_pylist()
+    if not rows:
+        return set(), set(), threads
+    parts = pq.read_table(messages, columns=["part_hash", "part"], filters=where) if messages else None
+    by_hash = dict(zip(*(parts.column(c).to_pylist() for c in ("part_hash", "part")))) if parts else {}
+    memo = MessageMemo()
+    rows.sort(key=lambda r: (r["t_start"], r["seq"], r["call_id"]))
+    threads.restore(rows, lambda form: memo.message(form, by_hash))
+    blob_hashes = (set(pq.read_table(blobs, columns=["blob_hash"], filters=where).column(0).to_pylist())
+                   if blobs else set())
+    return set(by_hash), blob_hashes, threads
+
+
+def place_call(threads: SessionThreads, row: dict, record: CallRecord) -> dict:
+    """The segment columns of a `calls` row, from the record's own messages."""
+    ex = record.exchange
+    if ex is None:
+        return dict(NO_PLACE)
+    by_form = dict(zip(call_forms(row, "input"), ex.input))
+    by_form.update(zip(call_forms(row, "output"), ex.output))
+    placement = threads.place(row, by_form.__getitem__)
+    return placement.columns() if placement else dict(NO_PLACE)
+
+
 def recover(root: Path) -> int:
     """Turn dead writers' in-flight snapshots into incomplete call rows; return how many."""
     recovered = 0
@@ -406,32 +506,46 @@ def data_files(root: str | os.PathLike, table: str) -> list[str]:
     return [str(root / table / n) for n in sorted(names - superseded)]
 
 
-def read_table(root: str | os.PathLike, table: str, columns: Sequence[str] | None = None,
-               migrations: Sequence[Migration] = MIGRATIONS, schema: pa.Schema | None = None,
-               target_version: int = SCHEMA_VERSION) -> pa.Table:
-    """One table, every file migrated to the current schema (or `schema`/`target_version`)."""
+def read_table(root: str | os.PathLike, table: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """One table at the current schema (the dataset upgraded first); `sessions` one row per session."""
     root = Path(root)
-    read_manifest(root)
+    open_dataset(root)
     for _attempt in range(5):
         try:
-            result = read_files(table, map(Path, data_files(root, table)), migrations, schema, target_version)
+            result = read_files(table, map(Path, data_files(root, table)))
             break
         except FileNotFoundError:
             time.sleep(0.05)  # a compaction removed a file between listing and reading
     else:
         raise DatasetError(f"{root}: files keep vanishing while reading {table}")
+    if table == "sessions":
+        result = one_row_per_session(result)
     return result.select(list(columns)) if columns else result
 
 
-def read_files(table: str, paths: Iterable[Path], migrations: Sequence[Migration] = MIGRATIONS,
-               schema: pa.Schema | None = None, target_version: int = SCHEMA_VERSION) -> pa.Table:
-    """These files of one table, each migrated from its own schema version."""
-    schema = schema or TABLES[table]
+def read_files(table: str, paths: Iterable[Path]) -> pa.Table:
+    """These files of one table as the current schema (a column a file lacks reads as nulls)."""
+    schema = TABLES[table]
     parts = []
     for path in paths:
         pf = pq.ParquetFile(path)
-        parts.append(migrate(table, pf.read(), _version(pf.schema_arrow), target_version, schema, migrations))
+        version = _version(pf.schema_arrow)
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(f"{path}: schema version {version} is newer than this forgerl "
+                                     f"({SCHEMA_VERSION}); upgrade forgerl")
+        parts.append(conform(pf.read(), schema))
     return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Columns in schema order, with nulls for missing ones and types cast."""
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 # ---------------------------------------------------------------- maintenance
@@ -441,13 +555,14 @@ def compact(root: str | os.PathLike, *, target_bytes: int = 256 * 1024 * 1024) -
     """Merge each table's small files into large ones; return files replaced per table.
 
     Duplicate rows (a part or blob rewritten after a writer restart, a call
-    recovered twice) are dropped on the way. The swap is atomic for readers
+    recovered twice) are dropped on the way, and a session's rows become the
+    one row readers see (`SESSION_ROW_SQL`). The swap is atomic for readers
     that use `data_files`: the journal that names the sources is in place
     before the merged file appears.
     """
     root = Path(root)
-    read_manifest(root)
-    lock = _maintenance_lock(root)
+    open_dataset(root)
+    lock = maintenance_lock(root)
     try:
         _collect_journals(root)
         replaced = {}
@@ -471,11 +586,12 @@ def compact(root: str | os.PathLike, *, target_bytes: int = 256 * 1024 * 1024) -
 
 
 _KEYS = {"calls": ("call_id",), "messages": ("session_id", "part_hash"),
-         "blobs": ("session_id", "blob_hash"), "sessions": ("session_id", "writer_id"),
-         "outcomes": ("session_id", "task_id", "attempt")}
+         "blobs": ("session_id", "blob_hash"), "outcomes": ("session_id", "task_id", "attempt")}
 
 
 def _dedupe(table: str, data: pa.Table) -> pa.Table:
+    if table == "sessions":
+        return one_row_per_session(data)
     keys = _KEYS[table]
     seen: set[tuple] = set()
     keep = []
@@ -501,8 +617,8 @@ def delete_session(root: str | os.PathLike, session_id: str) -> dict[str, int]:
     alone; run again after the recorder stops if the session was still open.
     """
     root = Path(root)
-    read_manifest(root)
-    lock = _maintenance_lock(root)
+    open_dataset(root)
+    lock = maintenance_lock(root)
     removed = {name: 0 for name in TABLES}
     try:
         for table in TABLES:

@@ -1,7 +1,9 @@
 """Arrow schemas of the dataset tables, defined once, with matching `datasets.Features`.
 
 Tables (each a folder of Parquet files under the dataset root):
-- sessions: one row per (writer, session) the first time a writer sees a session.
+- sessions: one row per (writer, session) the first time a writer sees a session, and again when
+            more specific evidence names its harness; readers see one row per session
+            (`sessions_view`), and `compact` keeps only that row.
 - calls:    one row per model call: raw exchange (redacted, zstd), reassembled
             response, timings, usage, token ids, and ordered references to parts.
 - messages: one row per distinct content part per session, keyed by part_hash.
@@ -12,6 +14,9 @@ Tables (each a folder of Parquet files under the dataset root):
 A call's input is `input_refs` (part hashes, in order) with `input_msg` giving
 each part's message index, `input_roles` each message's role and
 `input_extra` each message's vendor layout hints (JSON or null); output the same.
+Each trainable call carries its place in the session's threads (`schema/segments.py`,
+computed once as the call is written): segment index, why the segment started,
+its parent segment, and the call it continues.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import pyarrow as pa
 if TYPE_CHECKING:  # importing `datasets` costs ~2 s; only `features()` needs it
     import datasets
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 TS = pa.timestamp("us", tz="UTC")
 
 SESSIONS = pa.schema([
@@ -34,6 +39,8 @@ SESSIONS = pa.schema([
     ("source", pa.string()),
     ("labels", pa.string()),
     ("writer_id", pa.string()),
+    ("harness_rank", pa.int32()),
+    ("harness_evidence", pa.string()),
 ])
 
 CALLS = pa.schema([
@@ -79,6 +86,11 @@ CALLS = pa.schema([
     ("completion_token_ids", pa.list_(pa.int32())),
     ("completion_logprobs", pa.list_(pa.float32())),
     ("policy_version", pa.string()),
+    ("segment_index", pa.int32()),
+    ("segment_reason", pa.string()),
+    ("parent_segment", pa.int32()),
+    ("parent_position", pa.int32()),
+    ("continues_call", pa.string()),
 ])
 
 MESSAGES = pa.schema([
@@ -144,6 +156,17 @@ COLUMN_DOCS: dict[str, str] = {
     "calls.response_raw": "response bytes as received (raw SSE when streamed), redacted, zstd",
     "calls.response": "reassembled response body as JSON (what a non-streaming call returns)",
     "calls.input_tokens": "uncached input tokens; total input = input + cache_read + cache_write",
+    "sessions.harness_rank": "how specific the evidence naming the harness is: 0 none, 1 a generic SDK or "
+                             "runtime User-Agent, 2 the harness's own User-Agent or header, 3 its system prompt "
+                             "or tool set; the highest rank (latest on ties) names the session",
+    "sessions.harness_evidence": "what named the harness (e.g. user-agent:claude-cli, system-prompt)",
+    "calls.segment_index": "the thread segment this call belongs to, numbered per session from 0 in order of "
+                           "first call; null for calls that hold no model turn (errors, no output)",
+    "calls.segment_reason": "why the segment started: start, subagent, compaction, tools_changed, "
+                            "edited_history, token_break, new_conversation",
+    "calls.parent_segment": "the segment this one came from (its reward reaches it too); null for roots",
+    "calls.parent_position": "how many of the parent's calls preceded this segment's first call",
+    "calls.continues_call": "the call whose conversation (and token ids, when served) this call extends",
     "outcomes.status": "success | failed (graded, reward < 1 or harness error) | timeout | infra_error "
                        "(never scored: retried, then discarded from training and pass@k)",
     "outcomes.reward": "weighted mean of the graded parts, in [0, 1]; null for infra_error",

@@ -55,9 +55,12 @@ def test_thread_tokens_are_the_engine_ids(chat_data, tmp_path):
     assert row["logprobs"][-tail:] == pytest.approx(second["completion_logprobs"])
     assert row["logprobs"][0] is None
     # multi-turn chat with reasoning: Qwen3 drops earlier <think> when re-rendering, so the engine's
-    # later prompts do not extend the earlier ids: cut into one token sample per call, never merged
-    parts = sorted(k for k in by_id if k.startswith("chat-multi:0"))
-    assert parts == ["chat-multi:0", "chat-multi:0#1", "chat-multi:0#2"]
+    # later prompts do not extend the earlier ids: the stored segments are cut there (token_break),
+    # one token sample per call, never merged
+    parts = sorted(k for k in by_id if k.startswith("chat-multi:"))
+    assert parts == ["chat-multi:0", "chat-multi:1", "chat-multi:2"]
+    assert [by_id[k]["segment_reason"] for k in parts] == ["start", "token_break", "token_break"]
+    assert [by_id[k]["parent_segment"] for k in parts] == [None, "chat-multi:0", "chat-multi:1"]
     drift = manifest["drift"]
     assert drift["prompt_rerender"] == {"checked": 5, "differ": 0, "rate": 0.0, "where": {}}
     assert drift["history_rerender"]["differ"] == 2 and drift["history_rerender"]["where"] == {"stripped_think": 2}
@@ -70,7 +73,7 @@ def test_thread_tokens_are_the_engine_ids(chat_data, tmp_path):
     assert quick["prompt_rerender"]["checked"] == 2 and quick["history_rerender"]["where"] == {"stripped_think": 1}
     assert by_id["chat-plain:0"]["retokenized"] and by_id["chat-plain:0"]["template_consistent"] is False
     assert manifest["counts"]["engine_ids"] == 4 and manifest["counts"]["retokenized"] == 1
-    assert manifest["tokenizer"]["sha256"] and manifest["input"]["schema_version"] == 1
+    assert manifest["tokenizer"]["sha256"] and manifest["input"]["schema_version"] == 2
 
 
 def test_drift_report_samples_segments_by_default(chat_data, tmp_path, monkeypatch):
@@ -78,12 +81,13 @@ def test_drift_report_samples_segments_by_default(chat_data, tmp_path, monkeypat
     monkeypatch.setattr(drift, "SAMPLE_FIRST", 1)
     monkeypatch.setattr(drift, "SAMPLE_EVERY", 1 << 40)  # no segment id hashes into the sample
     sampled = convert(chat_data, tmp_path / "s", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)["drift"]
-    assert sampled["sampling"] == {"mode": "sample", "segments_with_engine_ids": 2, "segments_checked": 1,
+    # chat-tools:0 and chat-multi's three segments (cut at its two token breaks) carry engine ids
+    assert sampled["sampling"] == {"mode": "sample", "segments_with_engine_ids": 4, "segments_checked": 1,
                                    "first": 1, "then_one_in": 1 << 40}
     assert sampled["prompt_rerender"]["checked"] == 1
     every = convert(chat_data, tmp_path / "l", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--drift", "last")
-    assert every["drift"]["sampling"] == {"mode": "last", "segments_with_engine_ids": 2, "segments_checked": 2}
-    assert every["drift"]["prompt_rerender"]["checked"] == 2 and every["options"]["drift"] == "last"
+    assert every["drift"]["sampling"] == {"mode": "last", "segments_with_engine_ids": 4, "segments_checked": 4}
+    assert every["drift"]["prompt_rerender"]["checked"] == 4 and every["options"]["drift"] == "last"
 
 
 def test_sessions_are_read_in_ranges_that_fit_the_memory_limit(chat_data, tmp_path, monkeypatch):
@@ -102,7 +106,7 @@ def test_per_call_tokens(chat_data, tmp_path):
     by_id = {r["sample_id"]: r for r in rows(tmp_path / "p")}
     assert len(by_id) == 7
     for k, call in enumerate(calls_of(chat_data, "chat-multi")):
-        row = by_id[f"chat-multi:0/{k}"]
+        row = by_id[f"chat-multi:{k}/0"]  # each call its own segment: the ids break between them
         assert row["input_ids"] == call["prompt_token_ids"] + call["completion_token_ids"]
         assert row["loss_mask"] == [0] * len(call["prompt_token_ids"]) + [1] * len(call["completion_token_ids"])
 
@@ -138,7 +142,7 @@ def test_verl_sft_loads_in_verl_with_the_same_ids(chat_data, tmp_path, tokenizer
     # Qwen3 adds an empty <think> block to the last turn only when rendering the whole conversation:
     # veRL's check fails on every row, and the drift report says why
     sanity = json.loads((tmp_path / "tok" / "manifest.json").read_text())["drift"]["verl_sanity"]
-    assert sanity["checked"] == 3 and sanity["where"] == {"stripped_think": 3}
+    assert sanity["checked"] == len(ours) == 5 and sanity["where"] == {"stripped_think": 5}  # chat-multi: 3 segments
     config_text = (tmp_path / "sft" / "verl_config.yaml").read_text()
     assert "messages_key: messages" in config_text and files[0] in config_text and "ForgeSFTDataset" in config_text
 
@@ -176,9 +180,9 @@ def test_atif_trajectories_validate(chat_data, tmp_path):
 
 
 def test_filters_split_and_dedupe(chat_data, tmp_path):
-    m = convert(chat_data, tmp_path / "f1", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--min-turns", "3")
-    assert {r["session_id"] for r in rows(tmp_path / "f1")} == {"chat-multi"}
-    assert m["dropped"] == {"fewer turns than --min-turns": 2}
+    m = convert(chat_data, tmp_path / "f1", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--min-turns", "2")
+    assert {r["session_id"] for r in rows(tmp_path / "f1")} == {"chat-tools", "chat-plain"}
+    assert m["dropped"] == {"fewer turns than --min-turns": 3}  # chat-multi's three token-break segments
     # outcomes: only graded sessions with a reward pass --min-reward
     data = tmp_path / "graded"
     shutil.copytree(chat_data, data)

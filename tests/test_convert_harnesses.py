@@ -58,6 +58,28 @@ def test_claude_code_subagent_and_compaction_segments(harness_data, tmp_path):
     assert all(r["retokenized"] for r in segs.values())
 
 
+def test_every_output_cuts_claude_code_where_the_dataset_stored_it(harness_data, tmp_path):
+    """Segments are decided once, when the calls are written: tokens, verl-sft, ATIF and the turn views
+    read the stored placement, so they all name the same segments with the same calls."""
+    from forgerl.analysis import connect
+
+    stored = {}
+    for c in session_calls(harness_data, "cc", 1):
+        if c["segment_index"] is not None:
+            stored.setdefault(f"cc:{c['segment_index']}", []).append(c["call_id"])
+    assert len(stored) == 4
+    convert(harness_data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "claude-code")
+    assert {r["segment_id"]: r["call_ids"] for r in rows(tmp_path / "t")} == stored
+    convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "claude-code", "--no-dedupe")
+    assert sorted(r["segment_id"] for r in rows(tmp_path / "s")) == sorted(stored)
+    turns = connect(harness_data).sql("SELECT segment_id, call_id FROM turns WHERE session_id = 'cc' "
+                                      "AND segment_id IS NOT NULL ORDER BY segment_id, segment_turn").fetchall()
+    by_segment: dict[str, list[str]] = {}
+    for segment_id, call_id in turns:
+        by_segment.setdefault(segment_id, []).append(call_id)
+    assert by_segment == stored
+
+
 def test_claude_code_atif_has_the_subagent(harness_data, tmp_path):
     import atif
 

@@ -54,17 +54,17 @@ def test_prompt_continues_the_generated_ids(tok):
     builder = PromptBuilder(tok)
     first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
     prompt = builder.build(first, None)
-    assert not prompt.continued
+    assert prompt.continues is None
     generated = tok.encode(CALL_TURN, add_special_tokens=False) + [EOS_ID]
     said = to_chat_messages([parse_generation(CALL_TURN).message(["c1", "c2"])])
-    builder.remember(first, None, said, prompt.ids + generated)
+    builder.remember(first, None, said, prompt.ids + generated, prompt.answer_id)
     history = first + said + [{"role": "tool", "content": "a b", "tool_call_id": "c1"},
                               {"role": "tool", "content": "x", "tool_call_id": "c2"}]
     nxt = builder.build(history, None)
-    assert nxt.continued and nxt.ids[:len(prompt.ids) + len(generated)] == prompt.ids + generated
+    assert nxt.continues == prompt.answer_id and nxt.ids[:len(prompt.ids) + len(generated)] == prompt.ids + generated
     assert tok.decode(nxt.ids) == tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
     edited = [first[0], {"role": "user", "content": "something else"}] + said
-    assert not builder.build(edited, None).continued
+    assert builder.build(edited, None).continues is None
 
 
 TURNS = ["<think>\nEasy.\n</think>\n\nHello there, this is a longer answer so it streams in several chunks.",

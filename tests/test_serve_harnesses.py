@@ -44,10 +44,11 @@ def serve_script(tmp_path: Path, turns: list[str]) -> RecorderProcess:
                            str(TOKENIZER_DIR), "--served-model", "qwen3-policy").start()
 
 
-def run_cli(tmp_path: Path, cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+def run_cli(tmp_path: Path, cmd: list[str], env: dict, fresh: bool = True) -> subprocess.CompletedProcess:
+    """Run a harness CLI in tmp_path/work with its own HOME (kept from an earlier run unless `fresh`)."""
     work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    (home / ".codex").mkdir(parents=True)
+    work.mkdir(exist_ok=not fresh)
+    (home / ".codex").mkdir(parents=True, exist_ok=not fresh)
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex"), **env}
     return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=240,
                           stdin=subprocess.DEVNULL)
@@ -167,3 +168,61 @@ def test_real_vllm_behind_the_gateway(tmp_path, tok):
     assert calls[0]["completion_logprobs"] == pytest.approx(choice.logprobs.token_logprobs, abs=1e-3)
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == parse_generation(tok.decode([i for i in choice.token_ids if i != EOS_ID])).text
+
+
+def test_served_claude_code_segments_agree_everywhere(tmp_path, tok):
+    """A served Claude Code session with a subagent and a compaction: serve mode decides where each call
+    continues, and tokens, verl-sft, the agent loop's segments and the turn views all read that decision."""
+    from forgerl.analysis import connect
+    from forgerl.trainer.trajectory import CALL_COLUMNS, segments
+
+    from convert_fixtures import convert, rows
+    from convert_harness_fixtures import SUB_PROMPT, SUMMARY
+
+    delegate = json.dumps({"name": "Agent", "arguments": {"description": "Count files", "prompt": SUB_PROMPT,
+                                                          "subagent_type": "general-purpose"}})
+    turns = [f"I will delegate.\n<tool_call>\n{delegate}\n</tool_call>", "The directory holds 42 files.",
+             "Done: there are 42 files.", SUMMARY, "There are 42 files."]
+    served = serve_script(tmp_path, turns)
+    env = {**harness_env(served.url, "cc"), "ANTHROPIC_API_KEY": "sk-ant-api03-servedservedserved", "IS_SANDBOX": "1"}
+    common = ["--output-format", "json", "--dangerously-skip-permissions"]
+    try:
+        for n, args in enumerate((["-p", "How many files are here? Use a subagent."], ["-p", "/compact", "--continue"],
+                                  ["-p", "Remind me of the count.", "--continue"])):
+            r = run_cli(tmp_path, [str(BIN / "claude"), *args, *common], env, fresh=n == 0)
+            assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        served.stop()
+    data = tmp_path / "data"
+    calls = [c for c in session_calls(data, "cc", len(turns)) if c["api"] == "anthropic"]
+    assert len(calls) == len(turns)
+    stored: dict[str, list[str]] = {}
+    for c in sorted(calls, key=lambda c: c["t_start"]):
+        stored.setdefault(f"cc:{c['segment_index']}", []).append(c["call_id"])
+    reasons = {f"cc:{c['segment_index']}": c["segment_reason"] for c in calls}
+    assert {"start", "subagent", "compaction"} <= set(reasons.values()), reasons
+    by_call = {c["call_id"]: c for c in calls}
+    for ids in stored.values():  # within a segment each call continues the one before, token for token
+        for before, after in zip(ids, ids[1:]):
+            assert by_call[after]["continues_call"] == before
+            held = by_call[before]["prompt_token_ids"] + by_call[before]["completion_token_ids"]
+            assert by_call[after]["prompt_token_ids"][:len(held)] == held
+
+    convert(data, tmp_path / "t", "--to", "tokens", "--tokenizer", str(TOKENIZER_DIR))
+    token_rows = {r["segment_id"]: r for r in rows(tmp_path / "t")}
+    assert {k: r["call_ids"] for k, r in token_rows.items()} == stored
+    assert not any(r["retokenized"] for r in token_rows.values())
+    convert(data, tmp_path / "s", "--to", "verl-sft", "--no-dedupe")
+    assert sorted(r["segment_id"] for r in rows(tmp_path / "s")) == sorted(stored)
+    loop_segments = segments([{k: c[k] for k in CALL_COLUMNS} for c in calls])
+    assert sorted(f"cc:{s.index}" for s in loop_segments) == sorted(stored)
+    for seg in loop_segments:
+        row = token_rows[f"cc:{seg.index}"]
+        assert seg.prompt_ids + seg.response_ids == row["input_ids"]
+        assert [0] * len(seg.prompt_ids) + seg.response_mask == row["loss_mask"]
+    turned: dict[str, list[str]] = {}
+    for segment_id, call_id in connect(data).sql(
+            "SELECT segment_id, call_id FROM turns WHERE session_id = 'cc' AND segment_id IS NOT NULL "
+            "ORDER BY segment_id, segment_turn").fetchall():
+        turned.setdefault(segment_id, []).append(call_id)
+    assert turned == stored

@@ -22,8 +22,8 @@ import pytest
 
 from forgerl.schema import store, tables
 from forgerl.schema.messages import Exchange, Message, Part, Usage
-from forgerl.schema.migrations import Migration, SchemaVersionError
 from forgerl.schema.records import CallRecord, decompress, messages_from_refs
+from forgerl.schema.store import SchemaVersionError
 
 
 def make_call(session: str, i: int, history: list[Message]) -> CallRecord:
@@ -159,24 +159,9 @@ def test_delete_session_rewrites_only_its_files(tmp_path):
     assert set(store.read_table(tmp_path, "calls").column("session_id").to_pylist()) == {"keep", "keep2"}
 
 
-def test_migration_of_an_older_file(tmp_path):
-    """A v1 file read by a (synthetic) v2 reader whose migration renames and adds a column."""
+def test_a_file_from_the_future_is_refused(tmp_path):
     with store.DatasetWriter(tmp_path) as w:
         record_session(w, "s", 2)
-    v2 = pa.schema([f if f.name != "harness" else pa.field("harness_name", pa.string()) for f in tables.SESSIONS]
-                   + [pa.field("harness_version", pa.string())])
-
-    def rename_harness(t: pa.Table) -> pa.Table:
-        names = ["harness_name" if n == "harness" else n for n in t.column_names]
-        t = t.rename_columns(names)
-        versions = [h.split("/")[1] if h and "/" in h else None for h in t.column("harness_name").to_pylist()]
-        return t.append_column("harness_version", pa.array(versions, pa.string()))
-
-    migrations = [Migration("m002_harness_name", "sessions", 1, rename_harness)]
-    t = store.read_table(tmp_path, "sessions", migrations=migrations, schema=v2, target_version=2)
-    assert t.schema.names == v2.names
-    assert t.column("harness_name").to_pylist() == ["test"]
-    # And a file from the future is refused with a clear error.
     path = Path(store.data_files(tmp_path, "sessions")[0])
     store.atomic_write_table(path, pq.read_table(path), "sessions", version=tables.SCHEMA_VERSION + 1)
     with pytest.raises(SchemaVersionError, match="upgrade forgerl"):

@@ -22,6 +22,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from forgerl.schema.store import read_table
 from forgerl.trainer.agent_loop import HarnessAgentLoop
 
+from convert_fixtures import convert, rows
 from runner_fixtures import toml_task
 from serve_fixtures import TinyLM, TinyServerManager, tiny_model
 
@@ -67,6 +68,11 @@ def test_run_returns_the_recorded_tokens(lm, tmp_path):
     assert segment_calls >= 1 and out.extra_fields["forge_infra_error"] == 0
     last = served[-1]
     assert out.prompt_ids + out.response_ids == last["prompt_ids"] + last["token_ids"]
+    # the same stored segment, cut the same way, as `forge-convert --to tokens` gives it
+    convert(tmp_path / "data", tmp_path / "tokens", "--to", "tokens", "--tokenizer", lm.model.name_or_path)
+    row = next(r for r in rows(tmp_path / "tokens") if r["segment_id"] == out.extra_fields["forge_segment_id"])
+    assert row["input_ids"] == out.prompt_ids + out.response_ids
+    assert row["loss_mask"] == [0] * len(out.prompt_ids) + out.response_mask
     assert out.response_ids[-len(last["token_ids"]):] == last["token_ids"]
     assert out.response_mask[-len(last["token_ids"]):] == [1] * len(last["token_ids"])
     assert out.response_logprobs[-len(last["token_ids"]):] == pytest.approx(last["log_probs"])

@@ -9,9 +9,15 @@ grades it. The recorded calls become the sample (`trajectory.py`): prompt ids,
 response ids, response mask (model tokens 1, tool/user tokens 0), logprobs,
 and the task's reward.
 
-- An infrastructure failure (runner `infra_error`, or no served call recorded)
-  comes back fully masked (response mask 0: it trains nothing) with reward 0,
-  counted in `extra_fields["forge_infra_error"]`.
+- An infrastructure failure (runner `infra_error`, which includes a rollout
+  with no recorded call) comes back fully masked (response mask 0: it trains
+  nothing) with reward 0, counted in `extra_fields["forge_infra_error"]`.
+- A recording failure (`RecorderFailure`: the recorder's writer died or a
+  write failed) is raised: training stops rather than learn from unrecorded
+  turns.
+- The sample is read from this rollout's calls alone (`session_rows`), once
+  the runner's flush barrier has made them durable: its cost does not grow
+  with the dataset.
 - Task failures and agent timeouts keep their graded reward.
 - A sample longer than `rollout.prompt_length` / `response_length` is never
   truncated silently: it comes back fully masked and counted
@@ -32,7 +38,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from forgerl.recorder.policy import Generation, Sampling
@@ -41,16 +46,12 @@ from forgerl.recorder.serve import PolicyGateway
 from forgerl.runners.harnesses import get_harness
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Outcome, Rollout
+from forgerl.runners.sessions import session_rows
 from forgerl.runners.tasks import Task, find_task, load_task
-from forgerl.schema.store import read_table
 
-from .trajectory import segments
+from .trajectory import CALL_COLUMNS, segments
 
 log = logging.getLogger(__name__)
-
-CALL_COLUMNS = ["call_id", "session_id", "seq", "t_start", "prompt_token_ids", "completion_token_ids",
-                "completion_logprobs"]
-
 
 class VerlPolicy:
     """veRL's rollout servers as a gateway policy: one sticky request id per rollout (prefix caching)."""
@@ -111,8 +112,8 @@ class HarnessAgentLoop(AgentLoopBase):
         return self.output(outcome, self._calls(outcome.session), gateway.calls)
 
     def _calls(self, session: str) -> list[dict[str, Any]]:
-        calls = read_table(self.dataset, "calls", columns=CALL_COLUMNS)
-        return calls.filter(pc.equal(calls["session_id"], session)).to_pylist()
+        """This rollout's calls only: the runner's barrier made them durable; the rest of the table is not read."""
+        return session_rows(self.dataset, "calls", session, CALL_COLUMNS).to_pylist()
 
     def output(self, outcome: Outcome, calls: list[dict[str, Any]], served: int) -> AgentLoopOutput:
         """The sample for one finished rollout (public so it can be checked against recorded calls)."""
@@ -127,6 +128,7 @@ class HarnessAgentLoop(AgentLoopBase):
             extra["forge_infra_error"] = 1
             return self._masked(0.0, extra)
         main = found[-1]
+        extra["forge_segment_id"] = f"{outcome.session}:{main.index}"  # the stored segment, as forge-convert names it
         extra["forge_dropped_model_tokens"] = sum(s.model_tokens for s in found[:-1])
         if len(main.prompt_ids) > self.prompt_length or len(main.response_ids) > self.response_length:
             log.warning("rollout %s: %d prompt + %d response tokens exceed rollout.prompt_length=%d / "

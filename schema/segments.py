@@ -1,0 +1,270 @@
+"""Where each call sits in its session's threads: decided once, as the call is written, and stored.
+
+Harnesses resend the whole history on every call, so a call *continues* a
+segment when its input starts with that segment's last input + last output
+(followed by new tool results / user turns) and it offers the same tools.
+Anything else starts a new segment, linked to the segment it came from:
+
+- `compaction`: a user message of the new input quotes an earlier segment's
+  last answer (the summary the model wrote), as Claude Code does;
+- `subagent`: a fresh conversation while another segment waits on a call to
+  a subagent tool (`SUBAGENT_TOOLS`), interleaved;
+- `tools_changed`: the history continues but the offered tools differ;
+- `token_break`: the messages continue, but the engine's prompt ids do not
+  start with the previous call's prompt + completion ids (the template
+  re-rendered history), so one token sequence cannot hold both;
+- `edited_history`: the input shares a prefix with a segment, then differs,
+  or (a resumed harness rewriting its first messages) shares at least two
+  messages with it; also a served call that continues an answer which
+  another call already continued (a fork);
+- `new_conversation` / `start`: nothing in common with what came before.
+
+Serve mode knows which answer a prompt's token ids continue and says so in
+the `X-Forge-Continues` response header (`X-Forge-Answer` names each answer):
+for served calls that is the decision, not a guess.
+
+Messages are compared by their stored forms first (equal part hashes), then
+by their chat-template form without reasoning (some harnesses drop earlier
+reasoning when resending) and without vendor hints (cache_control moves).
+Only calls that hold a model turn are placed (`trainable`); the others get no
+segment. The recorder's writer, the v1 → v2 migration and nothing else call
+`SessionThreads.place`; converters, the agent loop and the analysis views
+read the stored columns.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from .chat import to_chat_messages
+from .messages import Message, canonical_json, sha256_hex
+from .records import call_forms
+
+# Claude Code (Agent, formerly Task), OpenCode (task), Codex (spawn_agent), OpenClaw/ZeroClaw (sessions_spawn, delegate)
+SUBAGENT_TOOLS = frozenset({"Agent", "Task", "task", "spawn_agent", "sessions_spawn", "delegate"})
+ANSWER_HEADER = "x-forge-answer"  # serve mode: this answer's id
+CONTINUES_HEADER = "x-forge-continues"  # serve mode: the answer whose ids this prompt extends ("" if none)
+_MIN_SUMMARY = 20  # characters: shorter answers are too common to prove a compaction
+
+MessageOf = Callable[[tuple], Message]  # a stored form of the session -> its message
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A call's place in its session's threads (the `calls.segment_*` and `continues_call` columns)."""
+
+    index: int
+    reason: str
+    parent: int | None
+    parent_position: int | None
+    continues: str | None
+
+    def columns(self) -> dict[str, Any]:
+        return {"segment_index": self.index, "segment_reason": self.reason, "parent_segment": self.parent,
+                "parent_position": self.parent_position, "continues_call": self.continues}
+
+
+NO_PLACE: dict[str, Any] = {"segment_index": None, "segment_reason": None, "parent_segment": None,
+                            "parent_position": None, "continues_call": None}
+
+
+def message_key(message: Message) -> str:
+    """A message's identity for continuity: its chat form without reasoning."""
+    chat = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in to_chat_messages([message])]
+    return sha256_hex(canonical_json([message.role, chat]))
+
+
+def trainable(row: Mapping[str, Any]) -> bool:
+    """Calls that hold a model turn: finished without error, with input and an assistant output (or, when
+    served, the ids the policy generated: a turn that parses to nothing is still what it wrote)."""
+    status = row.get("status")
+    if not row.get("complete") or row.get("error") or (status is not None and status >= 400):
+        return False
+    generated = row.get("completion_token_ids")
+    return bool(row.get("input_roles")) and (
+        (generated is not None and len(generated) > 0)
+        or any(form[0] == "assistant" and len(form) > 2 for form in call_forms(row, "output")))
+
+
+@lru_cache(maxsize=64)
+def tools_key(tools_json: str | None) -> str:
+    """A digest of the offered tools' canonical JSON: equal digests, equal tool sets (a harness sends the
+    same text on every call, so each distinct text is parsed once)."""
+    return sha256_hex(canonical_json(json.loads(tools_json) if tools_json else []))
+
+
+def served_link(row: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """(this answer's id, the answer id it continues or None) for a served call, else None."""
+    headers = row.get("response_headers")
+    if not headers or ANSWER_HEADER not in headers.lower():
+        return None
+    parsed = {k.lower(): v for k, v in json.loads(headers).items()}
+    answer = parsed.get(ANSWER_HEADER)
+    return (answer, parsed.get(CONTINUES_HEADER) or None) if answer else None
+
+
+@dataclass
+class _Segment:
+    index: int
+    reason: str
+    parent: int | None
+    parent_position: int | None
+    forms: list[tuple] = field(default_factory=list)  # last call's input + output forms
+    keys: list[str] = field(default_factory=list)  # message keys of `forms`
+    tools_key: str = ""
+    calls: int = 0
+    last_call: str = ""
+    answer: str = ""  # the last call's answer text (a later compaction quotes it)
+    waits_on_subagent: bool = False
+    ids: tuple[Sequence[int], Sequence[int]] | None = None  # the last call's engine prompt + completion ids
+
+
+def _engine_ids(row: Mapping[str, Any]) -> tuple[Sequence[int], Sequence[int]] | None:
+    prompt, completion = row.get("prompt_token_ids"), row.get("completion_token_ids")
+    if prompt is None or completion is None or not len(prompt) or not len(completion):
+        return None
+    return prompt, completion
+
+
+def _extends(prompt: Sequence[int], previous: tuple[Sequence[int], Sequence[int]]) -> bool:
+    before, completion = previous
+    n, m = len(before), len(completion)
+    return len(prompt) >= n + m and list(prompt[:n]) == list(before) and list(prompt[n: n + m]) == list(completion)
+
+
+def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class SessionThreads:
+    """The segments of one session so far; `place` assigns each new trainable call its segment."""
+
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+        self._key_memo: dict[tuple, str] = {}
+        self._of_call: dict[str, _Segment] = {}
+        self._call_of_answer: dict[str, str] = {}
+
+    def _keys(self, forms: Sequence[tuple], message_of: MessageOf) -> list[str]:
+        out = []
+        for form in forms:
+            key = self._key_memo.get(form)
+            if key is None:
+                key = self._key_memo[form] = message_key(message_of(form))
+            out.append(key)
+        return out
+
+    def place(self, row: Mapping[str, Any], message_of: MessageOf) -> Placement | None:
+        """The call's placement (None if it holds no model turn), remembered for the calls after it."""
+        if not trainable(row):
+            return None
+        inputs, outputs = call_forms(row, "input"), call_forms(row, "output")
+        tools = tools_key(row.get("tools"))
+        ids = _engine_ids(row)
+        link = served_link(row)
+        target, new = self._served(link) if link else self._continued(inputs, tools, ids, message_of)
+        if target is None:
+            target = self._new_segment(inputs, tools, ids, message_of) if new is None else new
+            target.tools_key = tools
+            self.segments.append(target)
+        placement = Placement(target.index, target.reason, target.parent, target.parent_position,
+                              target.last_call or None)
+        self._extend(target, row, inputs, outputs, message_of, ids)
+        if link:
+            self._call_of_answer[link[0]] = row["call_id"]
+        return placement
+
+    def restore(self, rows: Sequence[Mapping[str, Any]], message_of: MessageOf) -> None:
+        """Take up a session where stored calls left it (another writer or an earlier run recorded them),
+        following their stored placement rather than deciding it again. `rows` in recording order."""
+        for row in rows:
+            index = row.get("segment_index")
+            if index is None:
+                continue
+            while len(self.segments) <= index:  # a gap (a segment whose calls are elsewhere) stays a stub
+                self.segments.append(_Segment(len(self.segments), "", None, None))
+            seg = self.segments[index]
+            if not seg.calls:
+                seg.reason, seg.parent, seg.parent_position = (row["segment_reason"], row["parent_segment"],
+                                                               row["parent_position"])
+                seg.tools_key = tools_key(row.get("tools"))
+            self._extend(seg, row, call_forms(row, "input"), call_forms(row, "output"), message_of, _engine_ids(row))
+            link = served_link(row)
+            if link:
+                self._call_of_answer[link[0]] = row["call_id"]
+
+    def _served(self, link: tuple[str, str | None]) -> tuple[_Segment | None, _Segment | None]:
+        """Serve mode's own answer: the segment whose last call made the continued answer, or a new one."""
+        continued = self._call_of_answer.get(link[1] or "")
+        seg = self._of_call.get(continued or "")
+        if seg is None:
+            return None, None
+        if seg.last_call == continued:
+            return seg, None
+        return None, self._child("edited_history", seg)  # an answer continued twice: a fork
+
+    def _continued(self, inputs: list[tuple], tools: str, ids: Any, message_of: MessageOf) -> tuple[Any, Any]:
+        """The longest segment (the first, on ties) whose conversation the input extends."""
+        keys: list[str] | None = None
+        fits = [s for s in self.segments if s.tools_key == tools and len(s.forms) <= len(inputs)]
+        for seg in sorted(fits, key=lambda s: -len(s.forms)):
+            n = len(seg.forms)
+            if inputs[:n] != seg.forms:
+                keys = self._keys(inputs, message_of) if keys is None else keys
+                if keys[:n] != seg.keys:
+                    continue
+            if ids is not None and seg.ids is not None and not _extends(ids[0], seg.ids):
+                return None, self._child("token_break", seg)
+            return seg, None
+        return None, None
+
+    def _child(self, reason: str, parent: _Segment) -> _Segment:
+        return _Segment(len(self.segments), reason, parent.index, parent.calls)
+
+    def _new_segment(self, inputs: list[tuple], tools: str, ids: Any, message_of: MessageOf) -> _Segment:
+        if not self.segments:
+            return _Segment(0, "start", None, None)
+        keys = self._keys(inputs, message_of)
+        best_len, best = max(((_common_prefix(keys, s.keys), s) for s in self.segments),
+                             key=lambda x: (x[0], x[1].index))
+        if best_len >= len(best.forms) and best.tools_key != tools:
+            return self._child("tools_changed", best)
+        messages = [message_of(form) for form in inputs]
+        quoted = "\n".join("".join(p.text or "" for p in m.parts if p.type == "text")
+                           for m in messages if m.role == "user")
+        for seg in reversed(self.segments):
+            if len(seg.answer) >= _MIN_SUMMARY and seg.answer in quoted:
+                return self._child("compaction", seg)
+        system = sum(1 for m in messages if m.role in ("system", "developer"))
+        if best_len <= system:
+            waiting = [s for s in self.segments if s.waits_on_subagent]
+            if waiting:
+                return self._child("subagent", waiting[-1])
+            # a resumed harness may rewrite early messages (fresh reminders): shared messages still link it
+            overlap, best = max(((len(set(keys[system:]) & set(s.keys)), s) for s in self.segments),
+                                key=lambda x: (x[0], x[1].index))
+            if overlap < 2:
+                return _Segment(len(self.segments), "new_conversation", None, None)
+        return self._child("edited_history", best)
+
+    def _extend(self, seg: _Segment, row: Mapping[str, Any], inputs: list[tuple], outputs: list[tuple],
+                message_of: MessageOf, ids: Any) -> None:
+        said = [message_of(form) for form in outputs]
+        seg.forms = inputs + outputs
+        seg.keys = self._keys(seg.forms, message_of)
+        seg.calls += 1
+        seg.last_call = row["call_id"]
+        seg.answer = "".join(m.text() for m in said if m.role == "assistant").strip()
+        seg.waits_on_subagent = any(p.type == "tool_call" and p.tool_name in SUBAGENT_TOOLS
+                                    for m in said for p in m.parts)
+        seg.ids = ids
+        self._of_call[row["call_id"]] = seg
