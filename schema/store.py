@@ -264,6 +264,7 @@ class DatasetWriter:
         self._call_seq = 0
         self._closed = threading.Event()
         self.recovered = recover(self.root)
+        self._stored_sessions = stored_sessions(self.root)  # sessions to take up from the dataset when they resume
         self._thread = threading.Thread(target=self._run, name=f"forgerl-writer-{self.writer_id}", daemon=True)
         self._thread.start()
 
@@ -327,7 +328,10 @@ class DatasetWriter:
     def _seen_for(self, session_id: str) -> tuple[set[str], set[str], SessionThreads]:
         seen = self._seen.get(session_id)
         if seen is None:
-            seen = self._seen[session_id] = session_history(self.root, session_id)
+            seen = self._seen[session_id] = (session_history(self.root, session_id)
+                                             if session_id in self._stored_sessions else
+                                             (set(), set(), SessionThreads()))
+            self._stored_sessions.add(session_id)  # once evicted from `_seen`, read back from the dataset
             if len(self._seen) > _SESSION_CACHE:
                 self._seen.popitem(last=False)  # read back from the dataset if the session resumes
         else:
@@ -408,10 +412,19 @@ PLACE_COLUMNS = ("call_id", "session_id", "seq", "t_start", "status", "error", "
                  "parent_segment", "parent_position")
 
 
+def stored_sessions(root: Path) -> set[str]:
+    """Ids of the sessions the dataset holds (from `sessions`, one small column a file)."""
+    ids: set[str] = set()
+    for path in data_files(root, "sessions"):
+        ids.update(pq.ParquetFile(path).read(columns=["session_id"]).column(0).to_pylist())
+    return ids
+
+
 def session_history(root: Path, session_id: str) -> tuple[set[str], set[str], SessionThreads]:
     """What the dataset already holds of a session a writer has not seen (a harness's `--continue` run
     through a new recorder, a session evicted from the writer's cache): its written part and blob hashes,
-    and its threads as stored, so new calls are placed where the session left off."""
+    and its threads as stored, so new calls are placed where the session left off. A session is recorded
+    by one writer at a time: two writers recording it at once would number their segments apart."""
     threads = SessionThreads()
     calls, messages, blobs = (data_files(root, t) for t in ("calls", "messages", "blobs"))
     if not calls:

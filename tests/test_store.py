@@ -235,3 +235,24 @@ def test_row_groups_are_bounded_in_bytes(tmp_path):
     narrow = pa.table({"session_id": [f"s{i}" for i in range(50_000)]})
     store.atomic_write_table(tmp_path / "narrow.parquet", narrow, "sessions")
     assert pq.ParquetFile(tmp_path / "narrow.parquet").metadata.num_row_groups == 1
+
+
+def test_a_session_resumed_by_another_writer_continues_its_stored_segment(tmp_path):
+    """A harness's `--continue` run goes through a new recorder: the new writer takes the session up where
+    the stored calls left it (same segment, continuing the last call, parts not written twice)."""
+    history = [Message("system", (Part("text", text="you are a test"),)), Message("user", (Part("text", text="go"),))]
+    first = make_call("s", 0, history)
+    with store.DatasetWriter(tmp_path) as w:
+        w.add_session("s", harness="test")
+        w.add_call(first)
+        w.add_call(make_call("other", 0, history))
+    history += [first.exchange.output[0], Message("tool", (Part("tool_result", call_id="t0", text="out"),))]
+    with store.DatasetWriter(tmp_path) as w:
+        w.add_call(make_call("s", 1, history))
+        w.add_call(make_call("fresh", 0, history[:2]))
+    calls = {c["call_id"]: c for c in store.read_table(tmp_path, "calls").to_pylist()}
+    assert (calls["s-1"]["segment_index"], calls["s-1"]["continues_call"]) == (0, "s-0")
+    assert (calls["fresh-0"]["segment_index"], calls["fresh-0"]["segment_reason"]) == (0, "start")
+    parts = store.read_table(tmp_path, "messages").to_pylist()
+    hashes = [(p["session_id"], p["part_hash"]) for p in parts]
+    assert len(hashes) == len(set(hashes)), "the second writer wrote the session's parts again"
