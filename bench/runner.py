@@ -14,10 +14,10 @@ parallelism level runs, in turn:
               namespace, cgroup, rlimits), grade() in a child process, outcome written, temp dir removed
 
 "overhead" is what the runner adds around the model and the harness: workspace
-setup + grading (which first waits until the session's recorded calls are the
-same in two reads 0.6 s apart, so the transcript holds every call; the
-recorder flushes every 0.5 s) + teardown, per rollout, from the timings each
-outcome records. The ratio column is runner throughput / bare throughput.
+setup + grading (which first asks the recorder's flush barrier to make the
+session's calls durable, so the transcript holds every call) + teardown, per
+rollout, from the timings each outcome records. The ratio column is runner
+throughput / bare throughput.
 """
 
 from __future__ import annotations

@@ -9,16 +9,23 @@ Hooks stay tiny (the proxy's latency is the harness's latency): they strip
 the session prefix, stamp times, and set a streaming tap so SSE passes chunk
 by chunk. Redaction, parsing and writing happen in a writer process of its
 own (`writer_process.py`), so they never hold the proxy's GIL.
+
+Paths under `/_forge/` are the recorder's own (`control.py`): readiness and
+the per-session flush barrier. Once the writer process fails, no call is
+forwarded: each gets a 503 naming the failure, and the proxy shuts down
+`FAILURE_GRACE_S` later (its owner sees the failure and exits non-zero).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from urllib.parse import urlsplit
 
 from mitmproxy import ctx, http
 
+from forgerl.recorder import control
 from forgerl.recorder.capture import CapturedCall
 from forgerl.recorder.redact import Redactor
 from forgerl.recorder.writer_process import WriterClient
@@ -27,6 +34,8 @@ SESSION_HEADER = "x-forge-session"
 SESSION_PREFIX = "/s/"
 ANTHROPIC_PATHS = ("/v1/messages", "/messages")
 TERMINAL_WS_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+OPEN_CALLS_WAIT_S = 30.0  # a flush barrier waits this long for the session's calls still in flight
+FAILURE_GRACE_S = 2.0  # after a recording failure, calls get the 503 this long before the proxy stops
 
 
 def split_session(path: str) -> tuple[str | None, str]:
@@ -66,8 +75,12 @@ class Recorder:
     def __init__(self) -> None:
         self.writer: WriterClient | None = None
         self.upstreams: dict[str, Upstream] = {}
+        self.master = None
+        self._failed: str | None = None  # kept once the writer is closed, for whoever stops the proxy
+        self._open: dict[str, set[str]] = {}  # session -> ids of its calls not yet handed to the writer
 
     def load(self, loader) -> None:
+        self.master = loader.master
         loader.add_option("forge_out", str, "", "Dataset root to record into (empty: record nothing).")
         loader.add_option("forge_session", str, "default",
                           "Session id for calls with neither a /s/<id>/ prefix nor an X-Forge-Session header.")
@@ -92,16 +105,24 @@ class Recorder:
         if "forge_out" in updated:
             self._close_writer()
             if opts.forge_out:
-                self.writer = WriterClient(opts.forge_out)
+                self.writer = WriterClient(opts.forge_out, on_failure=self._writer_failed)
         if self.writer is not None and {"forge_out", "forge_redact_rules", "forge_labels"} & updated:
             self.writer.configure(redact_rules=opts.forge_redact_rules, labels=opts.forge_labels)
 
     # http ---------------------------------------------------------------
 
+    @property
+    def failure(self) -> str | None:
+        """Why calls can no longer be recorded, once they cannot."""
+        return self._failed or (self.writer.failure if self.writer is not None else None)
+
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if self.writer is None:
-            return
         request = flow.request
+        if control.is_control(request.path):
+            flow.metadata["forgerl_control"] = True  # answered in `request`, never forwarded or recorded
+            return
+        if self.writer is None or self.failure is not None:
+            return
         session, path = split_session(request.path)
         header_session = request.headers.pop(SESSION_HEADER, None)
         request.path = path
@@ -109,19 +130,29 @@ class Recorder:
         family = "anthropic" if path.split("?", 1)[0].endswith(ANTHROPIC_PATHS) else "openai"
         if family in self.upstreams:
             self.upstreams[family].apply(request)
-        flow.metadata["forgerl"] = CapturedCall(
+        call = flow.metadata["forgerl"] = CapturedCall(
             call_id=uuid.uuid4().hex, session_id=session, seq=self.writer.next_seq(),
             method=request.method, path=path, upstream=f"{request.scheme}://{request.pretty_host}:{request.port}",
             t_start=request.timestamp_start, request_headers=list(request.headers.items(multi=True)),
             policy_version=ctx.options.forge_policy_version or None,
         )
+        self._opened(call)
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow):
+        if flow.metadata.get("forgerl_control"):
+            return control.answer(flow, self)  # a coroutine: mitmproxy awaits what a hook returns
+        if self.failure is not None:
+            call = flow.metadata.pop("forgerl", None)
+            if call is not None:
+                self._closed(call)
+            flow.response = control.refusal(self.failure)
+            return None
         call = flow.metadata.get("forgerl")
         if call is None:
-            return
+            return None
         call.request_body = flow.request.raw_content
         self.writer.open(call)
+        return None
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         call = flow.metadata.get("forgerl")
@@ -135,7 +166,10 @@ class Recorder:
 
     def response(self, flow: http.HTTPFlow) -> None:
         call = flow.metadata.get("forgerl")
-        if call is None or flow.websocket is not None:
+        if call is None:
+            return
+        if flow.websocket is not None:
+            self._closed(call)  # the upgrade is no call of its own: its messages are
             return
         call.finish()
         self._submit(call, flow)
@@ -166,6 +200,7 @@ class Recorder:
                 status=101, sse=True, response_headers=[("x-forgerl-transport", "websocket")],
                 policy_version=parent.policy_version)
             flow.metadata["forgerl_ws_call"] = current
+            self._opened(current)
             self.writer.open(current)
             return
         if current is None:
@@ -189,6 +224,37 @@ class Recorder:
     def _submit(self, call: CapturedCall, flow: http.HTTPFlow) -> None:
         if self.writer is not None:
             self.writer.finish(call, flow.request.headers.get("user-agent", ""))
+        self._closed(call)
+
+    def _opened(self, call: CapturedCall) -> None:
+        self._open.setdefault(call.session_id, set()).add(call.call_id)
+
+    def _closed(self, call: CapturedCall) -> None:
+        calls = self._open.get(call.session_id)
+        if calls is not None:
+            calls.discard(call.call_id)
+            if not calls:
+                del self._open[call.session_id]
+
+    async def durable(self, session: str) -> int:
+        """How many of `session`'s calls are on disk, once none of them is still in flight (the flush barrier)."""
+        if self.writer is None:
+            raise LookupError("this proxy records nothing (forge_out is empty)")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + OPEN_CALLS_WAIT_S
+        while session in self._open:  # finishing: the harness has its answer, mitmproxy's hooks lag a little
+            if loop.time() > deadline:
+                raise TimeoutError(f"{len(self._open[session])} calls of session {session!r} still open "
+                                   f"after {OPEN_CALLS_WAIT_S:.0f} s")
+            await asyncio.sleep(0.01)
+        return await asyncio.wait_for(asyncio.wrap_future(self.writer.flush(session)), OPEN_CALLS_WAIT_S)
+
+    def _writer_failed(self, failure: str) -> None:
+        """Called from the writer client's thread: refuse calls for a moment, then stop the proxy."""
+        self._failed = failure
+        if self.master is not None:
+            loop = self.master.event_loop
+            loop.call_soon_threadsafe(loop.call_later, FAILURE_GRACE_S, self.master.shutdown)
 
     def _close_writer(self) -> None:
         if self.writer is not None:

@@ -2,6 +2,8 @@
 
 `forge-record serve` runs it in the foreground; `forge-record run` and tests
 run it on a background thread (`BackgroundRecorder`) while a harness talks to it.
+Either way, a proxy that stopped because recording failed raises
+`RecorderFailure` when it ends, so its owner exits non-zero.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mitmproxy.addons import (block, core, disable_h2c, dns_resolver, errorcheck
 
 from .addon import Recorder, Upstream
 from .redact import Redactor
+from .writer_process import RecorderFailure
 
 ANTHROPIC_API = "https://api.anthropic.com"
 OPENAI_API = "https://api.openai.com"
@@ -126,8 +129,14 @@ def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tup
     return master, ready
 
 
+def _raise_failure(master: mitm_master.Master) -> None:
+    failure = master.addons.get("recorder").failure
+    if failure is not None:
+        raise RecorderFailure(failure)
+
+
 def serve_forever(config: RecorderConfig, on_ready=None) -> None:
-    """Run until SIGINT/SIGTERM; the writer flushes and closes on the way out."""
+    """Run until SIGINT/SIGTERM or a recording failure (raised); the writer flushes and closes on the way out."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -138,6 +147,7 @@ def serve_forever(config: RecorderConfig, on_ready=None) -> None:
         if on_ready:
             loop.create_task(_when_ready(ready, on_ready))
         await master.run()
+        _raise_failure(master)
 
     asyncio.run(main())
 
@@ -175,6 +185,7 @@ class BackgroundRecorder:
             self._master, self._ready = build_master(self.config, loop)
             self._built.set()
             await self._master.run()
+            _raise_failure(self._master)
 
         try:
             asyncio.run(main())

@@ -9,12 +9,18 @@ hands each call to this child process in batches, 20 times a second:
 - *start* when the call's request is in,
 - *progress* for open calls four times a second, so a crash keeps their
   partial bytes,
-- *finish* with the rest of the response, the times and the error.
+- *finish* with the rest of the response, the times and the error,
+- *flush* for a session (`WriterClient.flush`): the per-session barrier the
+  runner grades after (`control.py`).
 
 The child owns the `DatasetWriter`. It redacts before anything is written,
 flushes at least every half second, and snapshots open calls to
 `_inflight/`, so a call finished more than a second before any crash is on
-disk.
+disk. It also owns the flush clock (`Flusher`), so that a failed write is
+seen: the child reports it on its stdout (one JSON line per event, after the
+`ready` line: `{"flushed": token, "calls": n}` or `{"failed": why}`) and
+exits non-zero, and the proxy stops forwarding rather than pass on calls it
+cannot record.
 
 Lifetime: the child reads its stdin until EOF. The proxy closes that pipe on a
 clean stop. If the proxy dies, even by kill -9, the kernel closes it. Either
@@ -38,7 +44,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import BinaryIO, Iterator
 
 from .capture import CapturedCall
@@ -46,6 +54,11 @@ from .capture import CapturedCall
 _HEADER = struct.Struct(">Q")
 READY = b"ready"
 PIPE_SIZE = 1 << 20
+FLUSH_INTERVAL_S = 0.5
+
+
+class RecorderFailure(OSError):
+    """Calls can no longer be recorded (the writer process died, a write failed): stop, never forward unrecorded."""
 
 
 def _write_frame(pipe: BinaryIO, batch: list) -> None:
@@ -74,16 +87,20 @@ def _read_frames(pipe: BinaryIO) -> Iterator[list]:
 class WriterClient:
     """The proxy's end: starts the writer process and ships calls to it from one thread.
 
-    `open`, `finish` and `configure` only append to a deque, so mitmproxy's
-    hooks stay cheap; the thread does the serialising and the pipe writes.
+    `open`, `finish`, `configure` and `flush` only append to a deque, so
+    mitmproxy's hooks stay cheap; the thread does the serialising and the pipe
+    writes. Another thread reads the child's answers: flush acknowledgements,
+    or a failure. Once the child fails or dies, `failure` says why and
+    `on_failure` is called once (from that thread).
     """
 
-    def __init__(self, root: str | os.PathLike, *, tick: float = 0.05, progress_every: float = 0.25):
+    def __init__(self, root: str | os.PathLike, *, tick: float = 0.05, progress_every: float = 0.25,
+                 on_failure: Callable[[str], None] | None = None):
         self.proc = subprocess.Popen([sys.executable, "-m", "forgerl.recorder.writer_process", str(root)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         line = self.proc.stdout.readline().strip()
-        self.proc.stdout.close()
         if line != READY:
+            self.proc.stdout.close()
             self.proc.stdin.close()
             self.proc.wait()
             message = line.decode(errors="replace").removeprefix("error: ")
@@ -93,13 +110,21 @@ class WriterClient:
         except OSError:
             pass  # above /proc/sys/fs/pipe-max-size: the default size still works
         self.tick, self.progress_every = tick, progress_every
+        self.failure: str | None = None
+        self._on_failure = on_failure
         self._seq = itertools.count(1)
+        self._tokens = itertools.count(1)
+        self._acks: dict[int, Future] = {}
+        self._ack_lock = threading.Lock()
         self._events: deque[tuple[str, CapturedCall | None, object]] = deque()
         self._open: dict[str, tuple[CapturedCall, int, dict]] = {}  # the sender thread's alone
         self._stop = threading.Event()
-        self._broken = False
+        self._wake = threading.Event()
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="forgerl-writer-client", daemon=True)
         self._thread.start()
+        self._reader = threading.Thread(target=self._listen, name="forgerl-writer-acks", daemon=True)
+        self._reader.start()
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -116,9 +141,27 @@ class WriterClient:
         """The call is over (`call.finish` was called); record it."""
         self._events.append(("finish", call, user_agent))
 
+    def flush(self, session: str) -> Future:
+        """Make every call of `session` handed over so far durable; the future gets how many there are.
+
+        It fails with `RecorderFailure` if the writer process fails first.
+        """
+        future: Future = Future()
+        token = next(self._tokens)
+        with self._ack_lock:
+            if self.failure is not None:
+                future.set_exception(RecorderFailure(self.failure))
+                return future
+            self._acks[token] = future
+        self._events.append(("flush", None, (token, session)))
+        self._wake.set()  # not a tick later: the runner is waiting
+        return future
+
     def close(self, timeout: float = 60) -> None:
         """Hand over everything, then let the writer process write it and exit."""
+        self._closing = True
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         try:
             self.proc.stdin.close()
@@ -130,22 +173,58 @@ class WriterClient:
             print("forgerl: writer process did not finish in time; its open calls stay recoverable", flush=True)
             self.proc.kill()
             self.proc.wait()
+        self._reader.join()
+
+    def _fail(self, why: str) -> None:
+        """From here on nothing is recorded: fail every waiting flush and tell the proxy, once."""
+        with self._ack_lock:
+            if self.failure is not None:
+                return
+            self.failure = why
+            waiting, self._acks = self._acks, {}
+        print(f"forgerl: {why}; calls are no longer recorded", flush=True)
+        for future in waiting.values():
+            future.set_exception(RecorderFailure(why))
+        if self._on_failure is not None:
+            self._on_failure(why)
+
+    def _listen(self) -> None:
+        """The child's answers, until it exits; an exit we did not ask for is a failure."""
+        for line in self.proc.stdout:
+            answer = json.loads(line)
+            if "failed" in answer:
+                self._fail(f"writer process failed: {answer['failed']}")
+                continue
+            with self._ack_lock:
+                future = self._acks.pop(answer["flushed"], None)
+            if future is not None:
+                future.set_result(answer["calls"])
+        self.proc.stdout.close()
+        if not self._closing:
+            self._fail(self._exit_reason())
+
+    def _exit_reason(self) -> str:
+        try:
+            return f"writer process exited with status {self.proc.wait(5)}"
+        except subprocess.TimeoutExpired:
+            return "writer process stopped reading"
 
     def _run(self) -> None:
         next_progress = 0.0
         while True:
-            stopping = self._stop.wait(self.tick)
+            self._wake.wait(self.tick)
+            self._wake.clear()
+            stopping = self._stop.is_set()
             now = time.monotonic()
             progress = stopping or now >= next_progress
             if progress:
                 next_progress = now + self.progress_every
             batch = self._batch(progress)
-            if batch and not self._broken:
+            if batch and self.failure is None:
                 try:
                     _write_frame(self.proc.stdin, batch)
-                except (OSError, ValueError) as e:
-                    self._broken = True
-                    print(f"forgerl: writer process is gone ({e}); calls are no longer recorded", flush=True)
+                except (OSError, ValueError):  # its end of the pipe is closed: it is gone
+                    self._fail(self._exit_reason())
             if stopping:
                 return
 
@@ -153,8 +232,8 @@ class WriterClient:
         batch: list = []
         while self._events:
             kind, call, extra = self._events.popleft()
-            if call is None:
-                batch.append(("config", extra))
+            if call is None:  # config settings, or a flush's (token, session)
+                batch.append((kind, extra) if kind == "config" else (kind, *extra))
                 continue
             if call.call_id not in self._open:
                 batch.append(("start", call.start_fields()))
@@ -174,16 +253,76 @@ class WriterClient:
 # ------------------------------------------------------------------ writer side
 
 
-class CallSink:
-    """Rebuilds calls from messages and records them; runs in the writer process."""
+class Flusher:
+    """The writer process's flush clock: every `interval`, and at once when a barrier asks.
 
-    def __init__(self, writer) -> None:
+    A barrier (`request`) is acknowledged only after a flush that started
+    after it returned, so the calls counted for it are on disk (each file
+    fsynced, then renamed). A failed flush is final: the rows it held are
+    lost, so it is reported and the process exits non-zero, and the proxy
+    stops forwarding.
+    """
+
+    def __init__(self, writer, channel: BinaryIO, interval: float = FLUSH_INTERVAL_S):
+        self.writer, self.channel, self.interval = writer, channel, interval
+        self._pending: list[tuple[int, int]] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="forgerl-flusher", daemon=True)
+        self._thread.start()
+
+    def request(self, token: int, calls: int) -> None:
+        """Acknowledge `token` with `calls` once everything added so far is on disk."""
+        with self._wake:
+            self._pending.append((token, calls))
+            self._wake.notify()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._pending or self._stop, self.interval)
+                pending, self._pending = self._pending, []
+                stopping = self._stop
+            try:
+                self.writer.flush()
+            except Exception as e:
+                self._send({"failed": f"flush failed: {type(e).__name__}: {e}"})
+                os._exit(3)  # rows are lost: no clean close that would pretend otherwise
+            for token, calls in pending:
+                self._send({"flushed": token, "calls": calls})
+            if stopping:
+                return
+
+    def _send(self, answer: dict) -> None:
+        try:
+            self.channel.write(json.dumps(answer).encode() + b"\n")
+            self.channel.flush()
+        except OSError:
+            pass  # the proxy is gone; stdin's EOF ends this process
+
+
+class CallSink:
+    """Rebuilds calls from messages and records them; runs in the writer process.
+
+    `recorded` counts each session's calls handed to the writer, which a
+    flush barrier (`barrier(token, calls)`) reports once they are on disk.
+    """
+
+    def __init__(self, writer, barrier: Callable[[int, int], None]) -> None:
         from .redact import Redactor
 
         self.writer = writer
+        self.barrier = barrier
         self.redactor = Redactor()
         self.labels: dict | None = None
         self.calls: dict[str, CapturedCall] = {}
+        self.recorded: Counter[str] = Counter()
 
     def handle(self, message: tuple) -> None:
         kind = message[0]
@@ -201,6 +340,9 @@ class CallSink:
             call = self.calls.pop(call_id)
             call.update(state, data)
             self._record(call, user_agent)
+        elif kind == "flush":
+            _, token, session = message
+            self.barrier(token, self.recorded[session])
         else:
             raise ValueError(f"unknown message {kind!r}")
 
@@ -220,6 +362,7 @@ class CallSink:
             self.writer.add_session(call.session_id, harness=detect_harness(user_agent),
                                     user_agent=user_agent, labels=self.labels)
             self.writer.add_call(call.to_record(self.redactor))
+            self.recorded[call.session_id] += 1
         except Exception as e:  # never let one odd call stop the recorder
             self.writer.untrack(call.call_id)
             print(f"forgerl: could not record call {call.call_id}: {type(e).__name__}: {e}", file=sys.stderr,
@@ -233,17 +376,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m forgerl.recorder.writer_process DATASET_ROOT", file=sys.stderr)
         return 2
-    ready = os.fdopen(os.dup(1), "wb")
+    channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed from here on is a log line, never the handshake
     try:
-        writer = DatasetWriter(args[0])
+        # The Flusher owns the flush clock: the writer's own thread would only log a failed flush.
+        writer = DatasetWriter(args[0], flush_interval=threading.TIMEOUT_MAX)
     except Exception as e:  # bad root, newer schema: the proxy shows this line and stops
-        ready.write(f"error: {e}\n".encode())
-        ready.close()
+        channel.write(f"error: {e}\n".encode())
+        channel.close()
         return 2
-    ready.write(READY + b"\n")
-    ready.close()
-    sink = CallSink(writer)
+    channel.write(READY + b"\n")
+    channel.flush()
+    flusher = Flusher(writer, channel)
+    sink = CallSink(writer, flusher.request)
     try:
         for batch in _read_frames(sys.stdin.buffer):
             for message in batch:
@@ -252,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # one bad message must not lose the others
                     print(f"forgerl: writer process: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     finally:
+        flusher.stop()
         writer.close()
     return 0
 

@@ -14,7 +14,8 @@ start (image pull, config), a pod that fails or is evicted without a result,
 a pod that does not finish by its deadline -- are retried (`retries` times,
 each as a new pod with a new session) and then recorded as `infra_error`,
 never scored. A harness that fails or times out inside a healthy pod is a
-graded outcome and keeps its reward.
+graded outcome and keeps its reward. A pod that reports a recorder failure
+stops the run (`RecorderFailure`, as with the local runner).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from forgerl.recorder.writer_process import RecorderFailure
+
 from .harnesses import Harness
+from .pod import RECORDER_FAILURE
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "pod-template.yaml"
@@ -197,6 +201,8 @@ class KubernetesRunner(BatchRunner):
         if not isinstance(result, dict) or result.get("session") != session:
             raise InfraError(f"pod {report.phase} without a result (reason {report.reason}, "
                              f"exit code {report.exit_code})")
+        if result["status"] == RECORDER_FAILURE:
+            raise RecorderFailure(result.get("error") or "the recorder failed")
         if result["status"] != "graded":
             raise InfraError(result.get("error") or "the pod reported an infra error")
         extra = {"final_answer": result.get("final_answer"), "returncode": result.get("returncode"),

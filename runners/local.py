@@ -6,7 +6,8 @@ limits, network namespace where the machine allows) with the recorder as its
 only endpoint; then the workspace is graded and the outcome written. The
 temp dir is removed on every exit path. Infra failures are retried
 `retries` times with a fresh session, then recorded as `infra_error`.
-At most `parallel` rollouts run at once.
+At most `parallel` harnesses run at once; the next rollouts' workspaces, and
+the grading and clean-up of finished ones, happen beside them (`pipelined`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class LocalRunner(BatchRunner):
     name: str = "local"
     workdir: Path | None = None  # where rollout temp dirs go (default: the system's temp dir)
     exe: str = ""  # the harness CLI, found when a batch starts
+    pipelined = True
 
     def before_batch(self) -> None:
         self.exe = self.harness.find()
@@ -68,14 +70,17 @@ class LocalRunner(BatchRunner):
         argv, harness_env = self.harness.command(self.exe, ctx)
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
         timings["setup"] = round(time.monotonic() - clock, 4)
-        try:
-            result = sandbox.run(argv, env, workspace, timeout_s=self.timeout_s or task.timeout_s,
-                                 cpu_s=task.cpu_s, memory_mb=task.memory_mb)
-        except OSError as e:
-            raise InfraError(f"sandbox failed to start: {e}") from None
+        clock = time.monotonic()
+        with self.harness_slot:
+            timings["queued"] = round(time.monotonic() - clock, 4)
+            try:
+                result = sandbox.run(argv, env, workspace, timeout_s=self.timeout_s or task.timeout_s,
+                                     cpu_s=task.cpu_s, memory_mb=task.memory_mb)
+            except OSError as e:
+                raise InfraError(f"sandbox failed to start: {e}") from None
         timings["harness"] = round(result.seconds, 4)
         clock = time.monotonic()
-        scores = grade_session(task, self.dataset, session, workspace)
+        scores = grade_session(task, self.dataset, session, workspace, self.recorder_url)
         timings["grade"] = round(time.monotonic() - clock, 4)
         extra = {"final_answer": self.harness.final_answer(result.stdout, ctx),
                  "harness_transcript": self.harness.own_transcript(ctx),

@@ -8,11 +8,13 @@ FORGE_DATASET (the dataset root the recorder writes, mounted read-only: the
 transcript for grade() is built from it), FORGE_MODEL, FORGE_TIMEOUT_S,
 FORGE_WORKDIR (default /work), FORGE_RESULT_PATH (default /dev/termination-log).
 
-grade() runs here, in the pod, against the pod's workspace. The result (scores,
-or an infra error) is written as JSON to the termination message (what the
-runner reads) and printed as the last log line after `FORGE_RESULT `. The
-exit status is 0 whenever a result was written, so a non-zero exit or a pod
-without a result means the pod itself failed (an infra failure).
+grade() runs here, in the pod, against the pod's workspace, once the
+recorder acknowledges the session's calls on disk. The result (scores, an
+infra error, or a recorder failure, which stops the whole run) is written as
+JSON to the termination message (what the runner reads) and printed as the
+last log line after `FORGE_RESULT `. The exit status is 0 whenever a result
+was written, so a non-zero exit or a pod without a result means the pod
+itself failed (an infra failure).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import signal
 import sys
 from pathlib import Path
 
+from forgerl.recorder.writer_process import RecorderFailure
+
 from .harnesses import RunContext, get_harness
 from .local import PASSTHROUGH_ENV
 from .rollout import InfraError, grade_session, prepare_workspace
@@ -30,6 +34,7 @@ from .sandbox import Sandbox
 from .tasks import find_task
 
 RESULT_PREFIX = "FORGE_RESULT "
+RECORDER_FAILURE = "recorder_failure"  # the result status that stops the run
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 
 
@@ -58,9 +63,11 @@ def run_pod(env: dict[str, str]) -> dict:
         run_env = {k: env[k] for k in PASSTHROUGH_ENV if k in env} | harness_env
         result = sandbox.run(argv, run_env, workspace, timeout_s=float(env.get("FORGE_TIMEOUT_S") or task.timeout_s),
                              cpu_s=task.cpu_s, memory_mb=task.memory_mb)
-        scores = grade_session(task, Path(env["FORGE_DATASET"]), session, workspace)
+        scores = grade_session(task, Path(env["FORGE_DATASET"]), session, workspace, env["FORGE_RECORDER_URL"])
     except InfraError as e:
         return {"session": session, "status": "infra_error", "error": str(e)}
+    except RecorderFailure as e:
+        return {"session": session, "status": RECORDER_FAILURE, "error": str(e)}
     return {"session": session, "status": "graded", "scores": scores, "timed_out": result.timed_out,
             "returncode": result.returncode, "seconds": round(result.seconds, 3), "enforced": sandbox.enforced,
             "final_answer": harness.final_answer(result.stdout, ctx)}

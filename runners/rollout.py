@@ -2,38 +2,42 @@
 
 A rollout is (task, attempt, harness, session id). Whatever runs it prepares
 the workspace with `prepare_workspace`, runs the harness pointed at the
-recorder's session URL, then `grade_session` builds the transcript from the
-recorded calls and runs the task's grade() on the workspace. `Outcome` is
-what goes into the dataset's `outcomes` table.
+recorder's session URL, then `grade_session` asks the recorder to make the
+session durable (its flush barrier, `recorder/control.py`), builds the
+transcript from the recorded calls and runs the task's grade() on the
+workspace. `Outcome` is what goes into the dataset's `outcomes` table.
 
 Statuses: `success` (graded, reward 1.0), `failed` (graded, reward < 1, or
 the harness exited non-zero), `timeout` (the agent ran past its time; graded,
 keeps its reward), `infra_error` (workspace, sandbox, recorder, pod or grader
-failure: never scored, retried, then recorded with a null reward).
+failure, or no call recorded at all: never scored, retried, then recorded
+with a null reward). A recording failure (`RecorderFailure`: the recorder's
+writer died, a write failed, the recorder is gone) is not retried: it stops
+the whole run, since every rollout after it would go unrecorded.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from forgerl.recorder.control import BarrierError, RecorderControl
+from forgerl.recorder.writer_process import RecorderFailure
 from forgerl.schema.store import MANIFEST, DatasetWriter
 
 from .grading import GradingError, combine, grade_workspace
-from .tasks import Task
 from .sessions import session_count
+from .tasks import Task
 from .transcript import rollout_transcript
-
-SETTLE_POLL_S = 0.25
-SETTLE_QUIET_S = 1.5  # three of the recorder's 0.5 s flushes: a loaded machine can delay one or two
-SETTLE_MAX_S = 15.0
 
 
 class InfraError(RuntimeError):
@@ -66,30 +70,29 @@ def prepare_workspace(task: Task, workspace: Path) -> None:
         raise InfraError(f"workspace setup failed: {e}") from None
 
 
-def await_calls(dataset: Path, session: str) -> int:
-    """Wait until the session's recorded calls stop changing for several flushes; return how many.
+def durable_calls(recorder_url: str, dataset: Path, session: str) -> int:
+    """Once the recorder acknowledges the session's calls on disk, how many: InfraError for none.
 
     Every call was answered before the harness exited, but the recorder's
-    writer (another process) may still be holding the last ones for a flush
-    interval or more on a loaded machine; grading on the call before the last
-    would see a transcript without the final answer. So wait for the count to
-    stay the same for several flushes (twice as long while it is still 0).
+    writer (another process) may still hold the last ones; grading on the
+    call before the last would see a transcript without the final answer.
+    A rollout with no recorded call never reached the model: nothing to grade.
     """
-    start = time.monotonic()
-    seen, changed = -1, start
-    while True:
-        now = time.monotonic()
-        count = session_count(dataset, "calls", session) if (dataset / MANIFEST).exists() else 0
-        if count != seen:
-            seen, changed = count, now
-        if now - changed >= SETTLE_QUIET_S * (1 if count else 2) or now - start > SETTLE_MAX_S:
-            return count
-        time.sleep(SETTLE_POLL_S)
+    try:
+        acknowledged = RecorderControl(recorder_url).flush(session)
+    except BarrierError as e:
+        raise InfraError(f"recorder flush barrier: {e}") from None
+    if acknowledged == 0:
+        raise InfraError("no calls were recorded for this rollout (the harness never reached the model)")
+    found = session_count(dataset, "calls", session) if (dataset / MANIFEST).exists() else 0
+    if found < acknowledged:
+        raise InfraError(f"the recorder acknowledged {acknowledged} calls on disk but {dataset} holds {found}")
+    return acknowledged
 
 
-def grade_session(task: Task, dataset: Path, session: str, workspace: Path) -> dict[str, float]:
+def grade_session(task: Task, dataset: Path, session: str, workspace: Path, recorder_url: str) -> dict[str, float]:
     """Scores from grade(), with the transcript built from the session's recorded calls."""
-    await_calls(dataset, session)
+    durable_calls(recorder_url, dataset, session)
     try:
         transcript = rollout_transcript(dataset, session)
         return grade_workspace(task, transcript, workspace)
@@ -154,9 +157,15 @@ class BatchRunner:
     """What both runners share: bounded parallelism, retries of infra failures, writing each outcome.
 
     Subclasses have `harness`, `parallel`, `retries`, `model`, `name` and implement `attempt`.
+    `parallel` bounds the harnesses running at once. A runner whose `attempt`
+    holds `harness_slot` only around the harness itself (`pipelined`) keeps
+    up to as many rollouts again in flight: their workspace set-up, grading
+    and clean-up happen beside the running harnesses instead of between them.
     """
 
     retry_backoff_s: float = 0.0
+    pipelined: bool = False
+    harness_slot: AbstractContextManager = nullcontext()  # a semaphore of `parallel` while `run` runs
 
     def attempt(self, rollout: Rollout, session: str) -> Outcome:
         """One try under a fresh session; raise InfraError when it was not the agent's fault."""
@@ -167,17 +176,30 @@ class BatchRunner:
 
     def run(self, rollouts: Iterable[Rollout], writer: DatasetWriter,
             on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-        """Run every rollout, `parallel` at once; each outcome is written as soon as it is known."""
-        self.before_batch()
+        """Run every rollout, `parallel` at once; each outcome is written as soon as it is known.
 
-        def one(rollout: Rollout) -> Outcome:
-            outcome = self.run_one(rollout)
+        A `RecorderFailure` stops the run: rollouts not started yet never start, and it is raised.
+        """
+        self.before_batch()
+        width = max(1, self.parallel)
+        self.harness_slot = threading.BoundedSemaphore(width)
+        stopped = threading.Event()
+
+        def one(rollout: Rollout) -> Outcome | None:
+            if stopped.is_set():
+                return None  # after a recording failure, which `map` raises first
+            try:
+                outcome = self.run_one(rollout)
+            except RecorderFailure:
+                stopped.set()
+                raise
             writer.add_outcome(outcome.row())
             if on_done:
                 on_done(outcome)
             return outcome
 
-        with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix=self.name) as pool:
+        in_flight = 2 * width if self.pipelined else width
+        with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=self.name) as pool:
             return list(pool.map(one, rollouts))
 
     def run_one(self, rollout: Rollout) -> Outcome:

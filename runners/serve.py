@@ -3,7 +3,8 @@
 The recorder's serve mode renders each call with the policy's chat template,
 asks the policy for token ids and answers in the harness's own API, recording
 token ids and logprobs with every call. The runner starts it as its own
-process on a free loopback port for a round and stops it afterwards.
+process on a free loopback port for a round, knows it is up from its
+readiness endpoint (`recorder/control.py`), and stops it afterwards.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import free_port
 
 STOP_TIMEOUT_S = 30
+READY_TIMEOUT_S = 120  # loading the tokenizer comes first
 
 
 def forge_record() -> str:
@@ -36,14 +40,19 @@ def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
     if policy_version:
         cmd += ["--policy-version", policy_version]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first = proc.stdout.readline()
-    if "listening on" not in first:
-        proc.kill()
-        rest = proc.stdout.read().strip().splitlines()
-        raise RuntimeError(f"forge-record serve --policy did not start: {(rest or [first.strip()])[-1]}")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its log
+    log: deque[str] = deque(maxlen=20)
+    drain = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)  # keep draining its log
+    drain.start()
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}"
+        RecorderControl(url).wait_ready(READY_TIMEOUT_S, alive=lambda: proc.poll() is None)
+    except (RuntimeError, OSError) as e:  # exited, never ready, or ready but not recording
+        proc.kill()
+        proc.wait()
+        drain.join()
+        raise RuntimeError(f"forge-record serve --policy did not start: {log[-1].strip() if log else e}") from None
+    try:
+        yield url
     finally:
         proc.terminate()
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import free_port
 from forgerl.schema import store
 
@@ -35,10 +36,11 @@ class RecorderProcess:
     def start(self) -> RecorderProcess:
         env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if "listening on" not in line:
+        try:
+            RecorderControl(self.url).wait_ready(60, alive=lambda: self.proc.poll() is None)
+        except RuntimeError:
             self.proc.kill()
-            raise RuntimeError(f"forge-record serve did not start: {line}{self.proc.stdout.read()}")
+            raise RuntimeError(f"forge-record serve did not start: {self.proc.stdout.read()}") from None
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> str:

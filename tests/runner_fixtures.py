@@ -75,6 +75,17 @@ def alternating_script() -> Script:
     return script
 
 
+# A PythonHarness snippet's model call (a rollout without one is an infra error); an error status goes to stderr.
+CALL_MODEL = ("import os, sys, urllib.error, urllib.request\n"
+              "url = os.environ['FORGE_BASE_URL'] + '/s/' + os.environ['FORGE_SESSION_ID'] + '/v1/chat/completions'\n"
+              "request = urllib.request.Request(url, data=b'{\"model\": \"m\", \"messages\": "
+              "[{\"role\": \"user\", \"content\": \"go\"}]}', headers={'content-type': 'application/json'})\n"
+              "try:\n"
+              "    urllib.request.urlopen(request, timeout=30).read()\n"
+              "except urllib.error.HTTPError as e:\n"
+              "    print(e.code, e.read().decode(), file=sys.stderr)\n")
+
+
 @dataclass
 class PythonHarness(Harness):
     """A stand-in harness: a Python snippet as the agent (hangs, crashes, forks), run like any harness."""

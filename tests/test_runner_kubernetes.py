@@ -123,8 +123,12 @@ def test_pod_that_never_finishes_hits_its_deadline(cluster, recorded, tmp_path):
 
 
 @pytest.mark.slow
-def test_agent_timeout_inside_the_pod_is_an_outcome(cluster, recorded, tmp_path):
-    outcome = run_one(runner(cluster.url, recorded, tmp_path, timeout_s=0.5, retries=0), tmp_path, SPARQL_TASK)
+def test_agent_timeout_inside_the_pod_is_an_outcome(cluster, scripted, tmp_path):
+    up = scripted(task_script, chunks=60, chunk_delay=1.0)  # the model's first answer takes a minute
+    with BackgroundRecorder(RecorderConfig(out=tmp_path / "data", upstream_anthropic=up.url,
+                                           upstream_openai=up.url)) as rec:
+        outcome = run_one(runner(cluster.url, rec, tmp_path, timeout_s=15, retries=0), tmp_path, SPARQL_TASK)
+    assert up.log, "the harness was stopped before its first call: that would be an infra error"
     assert outcome.status == "timeout" and outcome.row()["reward"] == 0.0  # graded: no query file was written
     assert json.loads(outcome.row()["scores"])["file_created"] == 0.0
     assert all(p["deleted"] for p in cluster.pods())

@@ -2,6 +2,8 @@
 
 The agent here is a Python snippet run like any harness (`PythonHarness`), so
 each test can misbehave on purpose; the recorder and the upstream are real.
+Each snippet first calls the model once (`CALL_MODEL`): a rollout with no
+recorded call is an infra error (tests/test_handshake.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from forgerl.runners.sandbox import can_unshare, own_memory_cgroup
 from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter, read_table
 
-from runner_fixtures import PythonHarness, cgroups_left, rollout_dirs, rollout_processes, toml_task
+from runner_fixtures import CALL_MODEL, PythonHarness, cgroups_left, rollout_dirs, rollout_processes, toml_task
 from scripted_upstream import ScriptedUpstream
 
 GRADE_FILE = """
@@ -43,7 +45,7 @@ def run(stack, code: str, *, isolate: bool = True, timeout_s: float = 30, memory
     [task] = load_tasks(toml_task(root / "tasks" / name, name, grader, timeout_s=timeout_s, memory_mb=memory_mb))
     work = root / "work" / name
     work.mkdir(parents=True)
-    runner = LocalRunner(PythonHarness(code=code), rec.config.url, root / "data", retries=retries,
+    runner = LocalRunner(PythonHarness(code=CALL_MODEL + code), rec.config.url, root / "data", retries=retries,
                          isolate_network=isolate, workdir=work)
     with DatasetWriter(root / "data", source="runner") as writer:
         [outcome] = runner.run([Rollout(task, 0)], writer)

@@ -1,0 +1,146 @@
+"""The recorder's own endpoints, beside the API it proxies: readiness and the per-session flush barrier.
+
+    GET  /_forge/ready                 200 {"ready": true} while calls are recorded;
+                                       503 {"error": why} once they cannot be
+    POST /_forge/sessions/<id>/flush   200 {"session": id, "calls": n} once every call of <id> the
+                                       recorder has seen is on disk (files fsynced), the calls of <id>
+                                       still in flight waited for first; 503 after a recording failure,
+                                       504 if calls of <id> stay open
+
+A runner grades a rollout from its recorded calls the moment the harness
+exits. The writer flushes on its own clock in another process, so without a
+barrier the runner could only poll the dataset until it stopped changing; and
+without a readiness probe it had to read the recorder's log. Once recording
+fails, the proxy answers every call with a 503 naming the failure rather than
+forward what it cannot record (`Recorder.request`), and stops soon after.
+
+Paths under `/_forge/` are answered by the recorder itself, never forwarded
+or recorded. Harness traffic uses `/s/<session>/...` or the API's own paths,
+so the two cannot collide; `/s/<id>/_forge/...` is harness traffic like any
+other. `RecorderControl` is the client (runners, the veRL agent loop, tests).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+from urllib.parse import quote, unquote
+
+from mitmproxy import http
+
+from .writer_process import RecorderFailure
+
+PREFIX = "/_forge/"
+READY_PATH = PREFIX + "ready"
+SESSIONS = "sessions"
+FLUSH = "flush"
+BARRIER_TIMEOUT_S = 120  # the client's: the recorder itself gives up on open calls sooner
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
+
+
+class Recording(Protocol):
+    """What the endpoints need from the addon."""
+
+    @property
+    def failure(self) -> str | None: ...
+
+    def durable(self, session: str) -> Awaitable[int]: ...
+
+
+# ------------------------------------------------------------------ the recorder's side
+
+
+def is_control(path: str) -> bool:
+    return path.startswith(PREFIX)
+
+
+def _json(status: int, body: dict) -> http.Response:
+    return http.Response.make(status, json.dumps(body), {"content-type": "application/json"})
+
+
+def refusal(failure: str) -> http.Response:
+    """What a call gets once nothing can be recorded: it is not forwarded."""
+    return _json(503, {"error": {"type": "forgerl_recorder_failure",
+                                 "message": f"forgerl recorder failure: {failure}; the call was not forwarded"}})
+
+
+async def answer(flow: http.HTTPFlow, recording: Recording) -> None:
+    """Set `flow.response` for a request to a control path."""
+    request = flow.request
+    parts = request.path.split("?", 1)[0][len(PREFIX):].split("/")
+    if parts == ["ready"] and request.method == "GET":
+        flow.response = refusal(recording.failure) if recording.failure else _json(200, {"ready": True})
+    elif len(parts) == 3 and parts[0] == SESSIONS and parts[1] and parts[2] == FLUSH and request.method == "POST":
+        session = unquote(parts[1])
+        try:
+            flow.response = _json(200, {"session": session, "calls": await recording.durable(session)})
+        except RecorderFailure as e:
+            flow.response = refusal(str(e))
+        except TimeoutError as e:
+            flow.response = _json(504, {"error": {"type": "forgerl_barrier_timeout", "message": str(e)}})
+        except LookupError as e:
+            flow.response = _json(409, {"error": {"type": "forgerl_not_recording", "message": str(e)}})
+    else:
+        flow.response = _json(404, {"error": {"type": "forgerl_no_such_endpoint",
+                                              "message": f"no {request.method} {request.path} on the recorder"}})
+
+
+# ------------------------------------------------------------------ the runner's side
+
+
+class BarrierError(RuntimeError):
+    """The recorder answered a flush with something other than an acknowledgement (calls stuck open)."""
+
+
+class RecorderUnreachable(RecorderFailure):
+    """Nothing answers at the recorder's URL (not started yet, or gone)."""
+
+
+class RecorderControl:
+    """A recorder's control endpoints, from a runner."""
+
+    def __init__(self, url: str, timeout: float = BARRIER_TIMEOUT_S):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str) -> dict:
+        request = urllib.request.Request(self.url + path, method=method)
+        try:
+            with _DIRECT.open(request, timeout=self.timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            body = e.read()
+            try:
+                message = json.loads(body)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = body.decode(errors="replace")[:300] or e.reason
+            if e.code == 503:
+                raise RecorderFailure(message) from None
+            raise BarrierError(f"{method} {path}: HTTP {e.code}: {message}") from None
+        except OSError as e:  # refused, reset, timed out: the recorder is gone
+            raise RecorderUnreachable(f"recorder at {self.url} unreachable: {e}") from None
+
+    def ready(self) -> bool:
+        """One probe: is it listening and recording? (RecorderFailure once recording has failed)"""
+        try:
+            return bool(self._call("GET", READY_PATH).get("ready"))
+        except RecorderUnreachable:
+            return False
+
+    def wait_ready(self, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+        """Until `ready()`; RuntimeError when `alive()` turns false or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if not alive():
+                raise RuntimeError(f"recorder at {self.url} exited before it was ready")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"recorder at {self.url} not ready after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def flush(self, session: str) -> int:
+        """Block until every call of `session` is on disk; how many there are."""
+        return int(self._call("POST", f"{PREFIX}{SESSIONS}/{quote(session, safe='')}/{FLUSH}")["calls"])

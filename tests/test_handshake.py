@@ -1,0 +1,188 @@
+"""Runner <-> recorder handshake: the flush barrier, readiness, zero calls, a recording failure.
+
+The recorder is real (in-process or `forge-record serve`), and so are its
+writer process and the scripted upstream behind it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+import uuid
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from forgerl.recorder.control import RecorderControl
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
+from scripted_upstream import ScriptedUpstream, Turn, sequence
+from forgerl.recorder.writer_process import RecorderFailure
+from forgerl.runners import sessions
+from forgerl.runners.local import LocalRunner
+from forgerl.runners.rollout import Rollout
+from forgerl.runners.tasks import load_tasks
+from forgerl.schema.store import DatasetWriter, data_files, read_table
+
+from runner_fixtures import CALL_MODEL, PythonHarness, toml_task
+from test_recorder_durability import child_pids
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def stack(tmp_path):
+    with ScriptedUpstream(sequence(Turn(text=" ".join(f"w{i}" for i in range(40)))), chunks=20,
+                          chunk_delay=0.03) as up, \
+            BackgroundRecorder(RecorderConfig(out=tmp_path / "data", upstream_anthropic=up.url,
+                                              upstream_openai=up.url)) as rec:
+        yield tmp_path / "data", up, rec
+
+
+def session_calls_on_disk(root, session: str) -> list[dict]:
+    return [r for r in read_table(root, "calls", ["session_id", "complete", "t_end"]).to_pylist()
+            if r["session_id"] == session]
+
+
+def test_barrier_acknowledges_only_once_every_call_is_on_disk(stack):
+    root, up, rec = stack
+    session = f"barrier-{uuid.uuid4().hex[:6]}"
+    base = f"{rec.config.url}/s/{session}/v1/chat/completions"
+    for _ in range(3):
+        assert httpx.post(base, json=CHAT, timeout=30).status_code == 200
+    streamed = threading.Thread(target=lambda: httpx.post(base, json={**CHAT, "stream": True}, timeout=30))
+    streamed.start()
+    while len(up.log) < 4:  # through the proxy: ~0.6 s of deltas to go when the barrier is asked
+        time.sleep(0.005)
+    acknowledged = RecorderControl(rec.config.url).flush(session)
+    rows = session_calls_on_disk(root, session)  # read right after the ack: no waiting, no polling
+    streamed.join()
+    assert acknowledged == 4
+    assert len(rows) == 4 and all(r["complete"] for r in rows)
+
+
+def test_readiness_and_control_paths_are_never_forwarded_or_recorded(stack):
+    root, up, rec = stack
+    control = RecorderControl(rec.config.url)
+    assert control.ready()
+    assert httpx.get(f"{rec.config.url}/_forge/ready").json() == {"ready": True}
+    assert httpx.get(f"{rec.config.url}/_forge/nothing").status_code == 404
+    assert httpx.get(f"{rec.config.url}/_forge/sessions/x/flush").status_code == 404  # POST only
+    assert control.flush("never-seen") == 0
+    assert up.log == []
+    # Under a session prefix the same path is the harness's own traffic: forwarded and recorded.
+    session = f"harness-{uuid.uuid4().hex[:6]}"
+    httpx.get(f"{rec.config.url}/s/{session}/_forge/ready")
+    assert [e.path for e in up.log] == ["/_forge/ready"]
+    assert control.flush(session) == 1
+    assert {r["session_id"] for r in read_table(root, "calls", ["session_id"]).to_pylist()} == {session}
+    assert not RecorderControl(f"http://127.0.0.1:{rec.config.listen_port + 1}").ready()  # nothing there
+
+
+def run_rollouts(rec_url: str, root, tmp_path, code: str, n: int = 1, tried: list[str] | None = None):
+    """`n` rollouts of a Python snippet, one at a time; `tried` gets each attempt's session."""
+    [task] = load_tasks(toml_task(tmp_path / "tasks", "hs", "return {'a': 1.0}"))
+    tried = [] if tried is None else tried
+
+    class Counting(LocalRunner):
+        def attempt(self, rollout, session):
+            tried.append(session)
+            return super().attempt(rollout, session)
+
+    runner = Counting(PythonHarness(code=code), rec_url, root, retries=0, workdir=tmp_path)
+    with DatasetWriter(root, source="runner") as writer:
+        return runner.run([Rollout(task, i) for i in range(n)], writer)
+
+
+def test_a_rollout_with_a_call_is_graded(stack, tmp_path):
+    root, _, rec = stack
+    [outcome] = run_rollouts(rec.config.url, root, tmp_path, CALL_MODEL)
+    assert outcome.status == "success", outcome.error
+
+
+def test_zero_recorded_calls_is_an_infra_error(stack, tmp_path):
+    root, up, rec = stack
+    tried: list[str] = []
+    [outcome] = run_rollouts(rec.config.url, root, tmp_path, "print('never asked the model')", tried=tried)
+    assert up.log == [] and len(tried) == 1
+    assert outcome.status == "infra_error" and "no calls were recorded" in outcome.error
+    assert outcome.row()["reward"] is None
+
+
+def test_killed_writer_stops_forwarding_and_the_recorder_exits_non_zero(scripted, recorder):
+    up = scripted()
+    rec = recorder(up.url)
+    base = rec.base("kill") + "/v1/chat/completions"
+    assert httpx.post(base, json=CHAT, timeout=30).status_code == 200
+    [writer] = child_pids(rec.proc.pid)
+    os.kill(writer, signal.SIGKILL)
+    forwarded = len(up.log)
+    deadline = time.monotonic() + 10
+    while (r := httpx.post(base, json=CHAT, timeout=30)).status_code == 200 and time.monotonic() < deadline:
+        forwarded = len(up.log)  # answered before the proxy saw the writer die: only then may one pass
+        time.sleep(0.01)
+    assert r.status_code == 503
+    assert "forgerl recorder failure: writer process exited with status -9" in r.json()["error"]["message"]
+    for _ in range(3):
+        httpx.post(base, json={**CHAT, "stream": True}, timeout=30)
+    assert len(up.log) == forwarded, "a call was forwarded after recording failed"
+    with pytest.raises(RecorderFailure, match="writer process exited"):
+        RecorderControl(rec.url).flush("kill")
+    assert rec.proc.wait(timeout=30) != 0
+    assert "writer process exited with status -9" in rec.stop()
+
+
+def test_a_failed_write_stops_forwarding_too(scripted, recorder):
+    up = scripted()
+    rec = recorder(up.url)
+    base = rec.base("disk") + "/v1/chat/completions"
+    assert httpx.post(base, json=CHAT, timeout=30).status_code == 200
+    RecorderControl(rec.url).flush("disk")
+    shutil.rmtree(rec.out / "calls")
+    (rec.out / "calls").write_text("")  # the next calls file cannot be written
+    assert httpx.post(base, json=CHAT, timeout=30).status_code == 200  # forwarded before its write failed
+    with pytest.raises(RecorderFailure, match="flush failed"):
+        RecorderControl(rec.url).flush("disk")
+    forwarded = len(up.log)
+    r = httpx.post(base, json=CHAT, timeout=30)
+    assert r.status_code == 503 and "flush failed" in r.json()["error"]["message"]
+    assert len(up.log) == forwarded
+    assert rec.proc.wait(timeout=30) != 0
+
+
+def test_recording_failure_stops_the_run(scripted, recorder, tmp_path):
+    up = scripted()
+    rec = recorder(up.url)
+    [writer] = child_pids(rec.proc.pid)
+    os.kill(writer, signal.SIGKILL)
+    tried: list[str] = []
+    with pytest.raises(RecorderFailure):
+        run_rollouts(rec.url, tmp_path / "data", tmp_path, CALL_MODEL, n=6, tried=tried)
+    # One harness at a time, one more rollout in flight beside it (pipelined): the other four never start.
+    assert len(tried) <= 2, "rollouts started after the recorder failed"
+    assert up.log == []
+    assert read_table(tmp_path / "data", "outcomes").num_rows == 0
+
+
+def test_session_read_opens_only_the_files_that_hold_the_session(tmp_path):
+    root = tmp_path / "data"
+    for i in range(6):  # six flushes: six files per table, one session each
+        with DatasetWriter(root) as writer:
+            writer.add_outcome({"session_id": f"s{i}", "task_id": "t", "attempt": i, "status": "success"})
+    files = data_files(root, "outcomes")
+    assert len(files) == 6
+    assert sessions.session_rows(root, "outcomes", "s3", ["session_id", "attempt"]).to_pylist() == \
+        [{"session_id": "s3", "attempt": 3}]
+    mine = [f for f, _ in sessions.session_files(root, "outcomes", "s3")]
+    assert len(mine) == 1
+    for f in set(files) - set(mine):  # now unreadable: a read that opened them would fail
+        with open(f, "wb") as out:
+            out.write(b"not parquet")
+    assert sessions.session_rows(root, "outcomes", "s3", ["attempt"]).column("attempt").to_pylist() == [3]
+    with pytest.raises(pa.ArrowInvalid):  # the check above would have failed had it opened one
+        pq.read_table(next(iter(set(files) - set(mine))))
+    assert sessions.session_count(root, "outcomes", "s3") == 1
