@@ -51,6 +51,7 @@ CONTINUES_HEADER = "x-forge-continues"  # serve mode: the answer whose ids this 
 _MIN_SUMMARY = 20  # characters: shorter answers are too common to prove a compaction
 
 MessageOf = Callable[[tuple], Message]  # a stored form of the session -> its message
+_Ids = tuple[Sequence[int], Sequence[int]]  # engine prompt and completion ids
 
 
 @dataclass(frozen=True)
@@ -120,17 +121,17 @@ class _Segment:
     last_call: str = ""
     answer: str = ""  # the last call's answer text (a later compaction quotes it)
     waits_on_subagent: bool = False
-    ids: tuple[Sequence[int], Sequence[int]] | None = None  # the last call's engine prompt + completion ids
+    ids: _Ids | None = None  # the last call's engine prompt + completion ids
 
 
-def _engine_ids(row: Mapping[str, Any]) -> tuple[Sequence[int], Sequence[int]] | None:
+def _engine_ids(row: Mapping[str, Any]) -> _Ids | None:
     prompt, completion = row.get("prompt_token_ids"), row.get("completion_token_ids")
     if prompt is None or completion is None or not len(prompt) or not len(completion):
         return None
     return prompt, completion
 
 
-def _extends(prompt: Sequence[int], previous: tuple[Sequence[int], Sequence[int]]) -> bool:
+def _extends(prompt: Sequence[int], previous: _Ids) -> bool:
     before, completion = previous
     n, m = len(before), len(completion)
     return len(prompt) >= n + m and list(prompt[:n]) == list(before) and list(prompt[n: n + m]) == list(completion)
@@ -173,7 +174,7 @@ class SessionThreads:
         link = served_link(row)
         target, new = self._served(link) if link else self._continued(inputs, tools, ids, message_of)
         if target is None:
-            target = self._new_segment(inputs, tools, ids, message_of) if new is None else new
+            target = self._new_segment(inputs, tools, message_of) if new is None else new
             target.tools_key = tools
             self.segments.append(target)
         placement = Placement(target.index, target.reason, target.parent, target.parent_position,
@@ -203,7 +204,8 @@ class SessionThreads:
                 self._call_of_answer[link[0]] = row["call_id"]
 
     def _served(self, link: tuple[str, str | None]) -> tuple[_Segment | None, _Segment | None]:
-        """Serve mode's own answer: the segment whose last call made the continued answer, or a new one."""
+        """Serve mode's own answer: (the segment whose last call made the continued answer, or None;
+        a fork to start when another call already continued that answer)."""
         continued = self._call_of_answer.get(link[1] or "")
         seg = self._of_call.get(continued or "")
         if seg is None:
@@ -212,8 +214,10 @@ class SessionThreads:
             return seg, None
         return None, self._child("edited_history", seg)  # an answer continued twice: a fork
 
-    def _continued(self, inputs: list[tuple], tools: str, ids: Any, message_of: MessageOf) -> tuple[Any, Any]:
-        """The longest segment (the first, on ties) whose conversation the input extends."""
+    def _continued(self, inputs: list[tuple], tools: str, ids: _Ids | None,
+                   message_of: MessageOf) -> tuple[_Segment | None, _Segment | None]:
+        """(the longest segment, the first on ties, whose conversation the input extends, or None;
+        the segment to start instead when the messages continue but the token ids do not)."""
         keys: list[str] | None = None
         fits = [s for s in self.segments if s.tools_key == tools and len(s.forms) <= len(inputs)]
         for seg in sorted(fits, key=lambda s: -len(s.forms)):
@@ -230,7 +234,7 @@ class SessionThreads:
     def _child(self, reason: str, parent: _Segment) -> _Segment:
         return _Segment(len(self.segments), reason, parent.index, parent.calls)
 
-    def _new_segment(self, inputs: list[tuple], tools: str, ids: Any, message_of: MessageOf) -> _Segment:
+    def _new_segment(self, inputs: list[tuple], tools: str, message_of: MessageOf) -> _Segment:
         if not self.segments:
             return _Segment(0, "start", None, None)
         keys = self._keys(inputs, message_of)
@@ -257,7 +261,7 @@ class SessionThreads:
         return self._child("edited_history", best)
 
     def _extend(self, seg: _Segment, row: Mapping[str, Any], inputs: list[tuple], outputs: list[tuple],
-                message_of: MessageOf, ids: Any) -> None:
+                message_of: MessageOf, ids: _Ids | None) -> None:
         said = [message_of(form) for form in outputs]
         seg.forms = inputs + outputs
         seg.keys = self._keys(seg.forms, message_of)
