@@ -21,15 +21,11 @@ from pathlib import Path
 import duckdb
 
 from forgerl.cli import run_verb
-from forgerl.schema.store import DatasetError
+from forgerl.errors import UserError
 
 from . import connect
 from .report import build, table, to_html
 from .views import GROUPS, VIEWS
-
-
-class UsageError(ValueError):
-    """Bad command-line input; the message is shown as is."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,10 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _report(args: argparse.Namespace) -> int:
     if args.by not in GROUPS:
-        raise UsageError(f"unknown --by column {args.by!r}; choose one of: {', '.join(GROUPS)}")
+        raise UserError(f"unknown --by column {args.by!r}; choose one of: {', '.join(GROUPS)}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
     out = Path(args.out) if args.out else None
     if out and not out.parent.is_dir():
-        raise UsageError(f"--out {out}: no such directory {out.parent}")
+        raise UserError(f"--out {out}: no such directory {out.parent}")
     report = build(connect(args.dataset, threads=args.threads, materialize=True), args.by)
     page = to_html(report, f"forgerl behaviour report: {Path(args.dataset).resolve().name}") if out else None
     print(table(report))
@@ -67,13 +65,16 @@ def _report(args: argparse.Namespace) -> int:
 
 def _sql(args: argparse.Namespace) -> int:
     if args.format not in ("table", "csv", "json"):
-        raise UsageError(f"unknown --format {args.format!r}; choose table, csv or json")
+        raise UserError(f"unknown --format {args.format!r}; choose table, csv or json")
     con = connect(args.dataset)
-    cur = con.execute(args.query)
+    try:  # the user's query: its errors are theirs (errors in our own views stay bugs)
+        cur = con.execute(args.query)
+        rows = cur.fetchall() if cur.description is not None else []
+    except duckdb.Error as e:
+        raise UserError(f"SQL error: {str(e).splitlines()[0]}") from None
     if cur.description is None:
         return 0
     names = [d[0] for d in cur.description]
-    rows = cur.fetchall()
     print(format_rows(names, rows, args.format))
     return 0
 
@@ -104,14 +105,7 @@ COMMANDS = {"report": _report, "sql": _sql, "views": _views}
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_verb("forge-analyze", lambda: COMMANDS[args.command](args),
-                    (duckdb.Error, UsageError, DatasetError, ValueError, OSError), _describe)
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, duckdb.Error):
-        return f"SQL error: {str(error).splitlines()[0]}"
-    return str(error)
+    return run_verb("forge-analyze", lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

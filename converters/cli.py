@@ -9,13 +9,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from forgerl.cli import run_verb
-from forgerl.schema.migrations import SchemaVersionError
-from forgerl.schema.store import DatasetError
 
 from . import drift
 from .filters import Filters
-from .pipeline import TARGETS, Options, UsageError, convert
-from .tokenizer import TokenizerError
+from .pipeline import TARGETS, Options, convert
 
 EPILOG = """\
 modes:
@@ -89,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                    filters=filters, val_fraction=args.val_fraction, dedupe=not args.no_dedupe,
                    tokens_from=args.tokens_from, shard_bytes=args.shard_mb * 1024 * 1024, agent_name=args.agent_name,
                    max_length=args.max_length, drift=args.drift, progress=not args.no_progress)
-    return run_verb("forge-convert", lambda: _convert(args, opts),
-                    (DatasetError, SchemaVersionError, TokenizerError, UsageError, OSError))
+    return run_verb("forge-convert", lambda: _convert(args, opts))
 
 
 def _convert(args: argparse.Namespace, opts: Options) -> int:

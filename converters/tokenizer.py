@@ -20,12 +20,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from forgerl.errors import UserError
 from forgerl.schema.messages import canonical_json
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """The tokenizer cannot be loaded or has no chat template."""
 
 

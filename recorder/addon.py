@@ -23,8 +23,9 @@ import json
 import uuid
 from urllib.parse import urlsplit
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, exceptions, http
 
+from forgerl.errors import UserError
 from forgerl.recorder import control
 from forgerl.recorder.capture import CapturedCall
 from forgerl.recorder.redact import Redactor
@@ -50,17 +51,35 @@ def split_session(path: str) -> tuple[str | None, str]:
     return session, tail if tail.startswith("/") else "/" + tail
 
 
+def parse_labels(text: str) -> dict | None:
+    """`forge_labels`: a JSON object, or empty for none."""
+    if not text:
+        return None
+    try:
+        labels = json.loads(text)
+    except ValueError:
+        labels = None
+    if not isinstance(labels, dict):
+        raise UserError(f"labels must be a JSON object, got {text!r}")
+    return labels
+
+
 class Upstream:
     """Where one API family is forwarded: scheme, host, port and a path prefix."""
 
     def __init__(self, url: str):
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"upstream must be http(s)://HOST[:PORT][/prefix], got {url!r}")
+        try:
+            port = parts.port  # ValueError: out of range or not a number
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:
+            valid = False
+        if not valid:
+            raise UserError(f"upstream must be http(s)://HOST[:PORT][/prefix], got {url!r}")
         self.url = url.rstrip("/")
         self.scheme = parts.scheme
         self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.port = port or (443 if parts.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
 
     def apply(self, request: http.Request) -> None:
@@ -93,19 +112,23 @@ class Recorder:
         loader.add_option("forge_labels", str, "", "JSON object of labels for every new session.")
 
     def configure(self, updated: set[str]) -> None:
+        """Check the options before anything uses them; a bad one is an `OptionsError`, as mitmproxy expects
+        (it rolls the options back, and mitmdump prints it and stops)."""
         opts = ctx.options
-        if "forge_redact_rules" in updated and opts.forge_redact_rules:
-            Redactor.from_file(opts.forge_redact_rules)  # a bad rule is an error here, not in the writer
-        if {"forge_upstream_anthropic", "forge_upstream_openai"} & updated:
-            self.upstreams = {name: Upstream(url) for name, url in
-                              (("anthropic", opts.forge_upstream_anthropic), ("openai", opts.forge_upstream_openai))
-                              if url}
-        if "forge_labels" in updated and opts.forge_labels:
-            json.loads(opts.forge_labels)
-        if "forge_out" in updated:
-            self._close_writer()
-            if opts.forge_out:
-                self.writer = WriterClient(opts.forge_out, on_failure=self._writer_failed)
+        try:
+            if "forge_redact_rules" in updated and opts.forge_redact_rules:
+                Redactor.from_file(opts.forge_redact_rules)  # a bad rule is an error here, not in the writer
+            if {"forge_upstream_anthropic", "forge_upstream_openai"} & updated:
+                self.upstreams = {name: Upstream(url) for name, url in (
+                    ("anthropic", opts.forge_upstream_anthropic), ("openai", opts.forge_upstream_openai)) if url}
+            if "forge_labels" in updated:
+                parse_labels(opts.forge_labels)
+            if "forge_out" in updated:
+                self._close_writer()
+                if opts.forge_out:
+                    self.writer = WriterClient(opts.forge_out, on_failure=self._writer_failed)
+        except (UserError, ValueError) as e:  # WriterClient: a root it cannot open is a ValueError
+            raise exceptions.OptionsError(str(e)) from None
         if self.writer is not None and {"forge_out", "forge_redact_rules", "forge_labels"} & updated:
             self.writer.configure(redact_rules=opts.forge_redact_rules, labels=opts.forge_labels)
 

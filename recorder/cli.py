@@ -22,16 +22,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from forgerl.cli import run_verb
-from forgerl.schema.store import DatasetError, compact, delete_session, read_manifest
+from forgerl.errors import UserError
+from forgerl.schema.store import compact, delete_session, read_manifest
 
 from . import summary
 from .harness import codex_overrides, harness_env
 from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
 from .proxy import ANTHROPIC_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
-
-
-class UsageError(Exception):
-    """Bad arguments: printed as one line, exit status 2."""
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -122,23 +119,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _policy(args: argparse.Namespace, tokenizer: object) -> Policy:
     if args.policy.startswith("script:"):
         path = Path(args.policy[len("script:"):])
-        texts = json.loads(path.read_text())
+        try:
+            texts = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"--policy script:{path}: {getattr(e, 'strerror', None) or e}") from None
         if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
-            raise UsageError(f"--policy script:{path}: expected a JSON list of turn texts")
+            raise UserError(f"--policy script:{path}: expected a JSON list of turn texts")
         return ScriptedPolicy(tokenizer, turns(*texts))
     if not args.policy.startswith(("http://", "https://")):
-        raise UsageError(f"--policy: expected http(s)://HOST:PORT or script:FILE, got {args.policy!r}")
+        raise UserError(f"--policy: expected http(s)://HOST:PORT or script:FILE, got {args.policy!r}")
     return HTTPPolicy(args.policy, args.served_model)
 
 
 def cmd_serve_policy(args: argparse.Namespace) -> int:
     """The recorder in front of a policy gateway: the harness is answered by the policy, recorded as usual."""
     if not (args.policy and args.tokenizer and args.served_model):
-        raise UsageError("serve mode needs --policy, --tokenizer and --served-model together")
+        raise UserError("serve mode needs --policy, --tokenizer and --served-model together")
     if args.upstream or args.upstream_anthropic or args.upstream_openai or args.forward:
-        raise UsageError("--policy answers every call itself: drop --upstream*/--forward")
+        raise UserError("--policy answers every call itself: drop --upstream*/--forward")
     if args.max_tokens < 1:
-        raise UsageError("--max-tokens must be at least 1")
+        raise UserError("--max-tokens must be at least 1")
     from .serve import GatewayThread, PolicyGateway, load_tokenizer  # transformers: only serve mode pays for it
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -160,10 +160,10 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        raise UsageError("run: give the command after --, e.g. forge-record run --out data -- claude -p hi")
+        raise UserError("run: give the command after --, e.g. forge-record run --out data -- claude -p hi")
     executable = shutil.which(cmd[0])
     if executable is None:
-        raise UsageError(f"run: command not found: {cmd[0]}")
+        raise UserError(f"run: command not found: {cmd[0]}")
     session = args.session or f"run-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=args.upstream_anthropic,
                             upstream_openai=args.upstream_openai, session=session,
@@ -201,7 +201,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     removed = delete_session(args.dir, args.session)
     if not any(removed.values()):
-        raise LookupError(f"no session {args.session!r} in {args.dir}")
+        raise UserError(f"no session {args.session!r} in {args.dir}")
     print(f"deleted session {args.session}: " + ", ".join(f"{n} {t} rows" for t, n in removed.items() if n))
     return 0
 
@@ -212,8 +212,7 @@ COMMANDS = {"serve": cmd_serve, "run": cmd_run, "ls": cmd_ls, "show": cmd_show,
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_verb("forge-record", lambda: _dispatch(args), (UsageError, DatasetError, LookupError, ValueError,
-                                                              OSError))
+    return run_verb("forge-record", lambda: _dispatch(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -9,19 +9,21 @@ Either way, a proxy that stopped because recording failed raises
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mitmproxy import exceptions
 from mitmproxy import master as mitm_master
 from mitmproxy import options
 from mitmproxy.addons import (block, core, disable_h2c, dns_resolver, errorcheck, next_layer, onboarding,
                               proxyserver, tlsconfig, update_alt_svc)
 
-from .addon import Recorder, Upstream
+from forgerl.errors import UserError, removed_on_user_error
+
+from .addon import Recorder, Upstream, parse_labels
 from .redact import Redactor
 from .writer_process import RecorderFailure
 
@@ -51,21 +53,38 @@ class RecorderConfig:
         if self.redact_rules:
             Redactor.from_file(self.redact_rules)
         if self.upstream_ca and not Path(self.upstream_ca).is_file():
-            raise ValueError(f"--upstream-ca: no such file: {self.upstream_ca}")
-        if self.labels and not isinstance(json.loads(self.labels), dict):
-            raise ValueError(f"--labels must be a JSON object, got {self.labels!r}")
-        if self.listen_port == 0:
-            self.listen_port = free_port(self.listen_host)
+            raise UserError(f"--upstream-ca: no such file: {self.upstream_ca}")
+        parse_labels(self.labels)
+        self.listen_port = free_port(self.listen_host, self.listen_port)
 
     @property
     def url(self) -> str:
         return f"http://{self.listen_host}:{self.listen_port}"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """`port` if something can listen on it at `host` now (0: a free one), else a `UserError` saying why."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.create_server((host, port), family=family) as s:
+            return s.getsockname()[1]
+    except OSError as e:  # a taken port, a host that is not this machine's or does not resolve
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+class StartupCheck(errorcheck.ErrorCheck):
+    """mitmproxy's startup check, raising what went wrong where mitmproxy's exits with only "Error logged
+    during startup": a `UserError` for what mitmproxy reports plainly (a port taken since `RecorderConfig`
+    looked, say), a `RuntimeError` when an addon raised (a bug)."""
+
+    name = "errorcheck"  # the name `Master.run` looks it up by
+
+    async def shutdown_if_errored(self) -> None:
+        await asyncio.sleep(0)  # let pending log records land, as mitmproxy's does
+        records = self.logger.has_errored
+        if records:
+            message = "; ".join(record.getMessage() for record in records)
+            raise (RuntimeError if any(r.exc_info for r in records) else UserError)(message)
 
 
 class _Ready:
@@ -97,7 +116,7 @@ def proxy_addons(forward: bool) -> list:
     """
     addons = [core.Core(), block.Block(), disable_h2c.DisableH2C(), proxyserver.Proxyserver(),
               dns_resolver.DnsResolver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
-              update_alt_svc.UpdateAltSvc(), errorcheck.ErrorCheck()]
+              update_alt_svc.UpdateAltSvc(), StartupCheck()]
     if forward:
         addons.append(onboarding.Onboarding())
     return addons
@@ -111,6 +130,14 @@ def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tup
     master.addons.add(*proxy_addons(config.forward))
     ready = _Ready()
     master.addons.add(Recorder(), ready)
+    try:
+        _configure(opts, config)
+    except exceptions.OptionsError as e:  # the addon's way of saying bad input (a root it cannot open)
+        raise UserError(str(e)) from None
+    return master, ready
+
+
+def _configure(opts: options.Options, config: RecorderConfig) -> None:
     opts.update(
         termlog_verbosity="warn",
         # Read the request before connecting upstream, so a call to an upstream
@@ -126,7 +153,6 @@ def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tup
     )
     if config.upstream_ca:
         opts.update(ssl_verify_upstream_trusted_ca=config.upstream_ca)
-    return master, ready
 
 
 def _raise_failure(master: mitm_master.Master) -> None:
@@ -135,8 +161,19 @@ def _raise_failure(master: mitm_master.Master) -> None:
         raise RecorderFailure(failure)
 
 
+async def _run(master: mitm_master.Master) -> None:
+    """Run until shut down; failing to start closes the writer (mitmproxy does not), so a folder it made can go."""
+    try:
+        await master.run()
+    except Exception:
+        master.addons.get("recorder").done()
+        raise
+    _raise_failure(master)
+
+
 def serve_forever(config: RecorderConfig, on_ready=None) -> None:
-    """Run until SIGINT/SIGTERM or a recording failure (raised); the writer flushes and closes on the way out."""
+    """Run until SIGINT/SIGTERM or a recording failure (raised); the writer flushes and closes on the way out.
+    Failing to start (bad input) is a `UserError`, with no dataset folder left behind."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -146,10 +183,10 @@ def serve_forever(config: RecorderConfig, on_ready=None) -> None:
             loop.add_signal_handler(sig, master.shutdown)
         if on_ready:
             loop.create_task(_when_ready(ready, on_ready))
-        await master.run()
-        _raise_failure(master)
+        await _run(master)
 
-    asyncio.run(main())
+    with removed_on_user_error(config.out):
+        asyncio.run(main())
 
 
 async def _when_ready(ready: _Ready, callback) -> None:
@@ -175,6 +212,8 @@ class BackgroundRecorder:
         self._built.wait(timeout)
         if self._ready is None or not self._ready.event.wait(timeout):
             self.stop()
+            if isinstance(self._failure, UserError):
+                raise self._failure
             raise RuntimeError(f"recorder did not start on {self.config.url}: {self._failure or 'timeout'}")
         return self
 
@@ -184,8 +223,7 @@ class BackgroundRecorder:
             loop.set_exception_handler(_ignore_cancelled)
             self._master, self._ready = build_master(self.config, loop)
             self._built.set()
-            await self._master.run()
-            _raise_failure(self._master)
+            await _run(self._master)
 
         try:
             asyncio.run(main())

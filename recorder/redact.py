@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from forgerl.errors import UserError
+
 REDACTED = "[REDACTED]"
 SECRET_HEADERS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie",
@@ -75,13 +77,16 @@ class Redactor:
     @classmethod
     def from_file(cls, path: str | Path) -> Redactor:
         """One regex per line; blank lines and lines starting with # are ignored."""
-        lines = Path(path).read_text().splitlines()
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as e:
+            raise UserError(f"redaction rules {path}: {e.strerror or e}") from None
         rules = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
         for rule in rules:
             try:
                 re.compile(rule)
             except re.error as e:
-                raise ValueError(f"{path}: bad redaction rule {rule!r}: {e}") from None
+                raise UserError(f"{path}: bad redaction rule {rule!r}: {e}") from None
         return cls(extra=rules)
 
     def add_literals(self, secrets: Iterable[str]) -> None:

@@ -32,19 +32,16 @@ from pathlib import Path
 from tqdm import tqdm
 
 from forgerl.cli import run_verb
+from forgerl.errors import UserError
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
-from forgerl.schema.store import DatasetError, DatasetWriter
+from forgerl.schema.store import DatasetWriter
 
 from . import outcomes
-from .harnesses import HARNESSES, HarnessError, get_harness
+from .harnesses import HARNESSES, get_harness
 from .policy import PolicyVersionError, PolicyVersionSource
 from .rollout import Rollout
 from .serve import policy_recorder
-from .tasks import Task, TaskError, load_tasks
-
-
-class UsageError(Exception):
-    pass
+from .tasks import Task, load_tasks
 
 
 def _positive(value: str) -> int:
@@ -98,7 +95,7 @@ def _select(tasks: list[Task], ids: list[str]) -> list[Task]:
     known = {t.id for t in tasks}
     unknown = [i for i in ids if i not in known]
     if unknown:
-        raise UsageError(f"no such task: {', '.join(unknown)}")
+        raise UserError(f"no such task: {', '.join(unknown)}")
     return [t for t in tasks if t.id in ids]
 
 
@@ -173,20 +170,19 @@ def watch(args: argparse.Namespace, tasks: list[Task]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_verb("forge-run", lambda: _run(args), (UsageError, TaskError, HarnessError, DatasetError,
-                                                       PolicyVersionError, ValueError, OSError, RuntimeError))
+    return run_verb("forge-run", lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:
     """Check the flag combinations, then run one round or watch the policy version."""
     if sum(map(bool, (args.upstream, args.policy, args.recorder_url))) != 1:
-        raise UsageError("give one of --upstream URL (the model API origin), --policy URL or --recorder-url URL")
+        raise UserError("give one of --upstream URL (the model API origin), --policy URL or --recorder-url URL")
     if args.policy and not (args.tokenizer and args.served_model):
-        raise UsageError("--policy needs --tokenizer DIR and --served-model NAME")
+        raise UserError("--policy needs --tokenizer DIR and --served-model NAME")
     if args.upstream and not args.upstream.startswith(("http://", "https://")):
-        raise UsageError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
+        raise UserError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
     if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):
-        raise UsageError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
+        raise UserError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
     tasks = _select(load_tasks(args.tasks), args.task)
     get_harness(args.harness).find()
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from forgerl.errors import UserError
+
 TIMEOUT_S = 10
 
 
-class PolicyVersionError(RuntimeError):
+class PolicyVersionError(UserError, RuntimeError):
     pass
 
 

@@ -37,12 +37,14 @@ from pathlib import Path
 
 import yaml
 
+from forgerl.errors import UserError
+
 DEFAULT_TIMEOUT_S = 1800
 DEFAULT_CPU_S = 3600
 DEFAULT_MEMORY_MB = 4096
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task file that cannot be used; the message names the file."""
 
 

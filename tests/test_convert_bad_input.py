@@ -14,6 +14,7 @@ from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
 from forgerl.schema.messages import Message, Part
 
 from convert_fixtures import chat_dataset, qwen_tokenizer  # noqa: F401 - chat_dataset is a fixture
+from verb_checks import assert_refused, verb
 
 
 @pytest.fixture
@@ -65,6 +66,14 @@ def test_bad_memory_setting(dataset, tmp_path, capsys, monkeypatch):
     for value in ("lots", "512"):  # a size needs its unit
         monkeypatch.setenv("FORGE_CONVERT_MEMORY", value)
         assert "FORGE_CONVERT_MEMORY" in refused(capsys, tmp_path / "o", str(dataset), "--to", "verl-sft")
+
+
+def test_the_console_script_refuses_in_one_line(dataset, tmp_path):
+    out = tmp_path / "o"
+    for args, message in (((str(dataset), "--to", "megatron"), "unknown --to 'megatron'"),
+                          ((str(tmp_path), "--to", "verl-sft"), "not a forgerl dataset")):
+        assert_refused(verb("forge-convert", *args, "--out", str(out), "--no-progress"), message)
+        assert not out.exists() and not list(tmp_path.glob(".o.*"))
 
 
 def test_failed_run_keeps_the_old_output(dataset, tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -11,12 +12,18 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+from mitmproxy import exceptions
+from mitmproxy.test import taddons
 
-from forgerl.recorder.proxy import free_port
+from forgerl.errors import UserError
+from forgerl.recorder.addon import Recorder
+from forgerl.recorder.proxy import RecorderConfig, free_port, serve_forever
 from forgerl.schema import store
 
 from conftest import FORGE_RECORD, REPO, session_calls
 from scripted_upstream import ToolCall, Turn, sequence
+from verb_checks import assert_refused
 
 CLIENT = textwrap.dedent("""
     import anthropic, openai
@@ -94,6 +101,41 @@ def test_bad_input_is_one_clear_line(tmp_path):
     r = forge("delete", str(with_data), "nobody")
     assert r.returncode == 2 and "no session 'nobody'" in r.stderr
     assert not list(tmp_path.glob("d/*/*.parquet")), "a failed command left partial output"
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on_and_leaves_no_folder(tmp_path):
+    out = tmp_path / "data"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        for listen, message in ((f"127.0.0.1:{port}", f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+                                ("999.1.1.1:8787", "cannot listen on 999.1.1.1:8787: ")):
+            assert_refused(forge("serve", "--upstream", "http://127.0.0.1:9", "--listen", listen, "--out", str(out)),
+                           message)
+            assert not out.exists()
+
+
+def test_a_port_taken_once_mitmproxy_starts_is_a_user_error_and_no_folder(tmp_path):
+    """The backstop behind the check above: mitmproxy's own startup error, said instead of "Error logged"."""
+    out = tmp_path / "data"
+    config = RecorderConfig(out=out, upstream_anthropic="http://127.0.0.1:9", upstream_openai="http://127.0.0.1:9")
+    with socket.create_server((config.listen_host, config.listen_port)):  # taken after the config checked it
+        with pytest.raises(UserError, match=f"failed to listen on 127.0.0.1:{config.listen_port}.*address already in use"):
+            serve_forever(config)
+    assert not out.exists()
+
+
+def test_addon_options_errors_are_mitmproxy_options_errors(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    addon = Recorder()
+    with taddons.context(addon) as tctx:
+        for option, value, message in (("forge_labels", "[1]", "labels must be a JSON object"),
+                                       ("forge_upstream_openai", "ftp://x", "upstream must be http"),
+                                       ("forge_redact_rules", str(tmp_path / "nope"), "No such file"),
+                                       ("forge_out", str(not_a_folder), str(not_a_folder))):
+            with pytest.raises(exceptions.OptionsError, match=message):
+                tctx.configure(addon, **{option: value})
+        assert addon.writer is None
 
 
 def test_addon_runs_under_plain_mitmdump(scripted, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from forgerl.errors import UserError
 from forgerl.recorder.redact import Redactor
 
 KEY = b"sk-proj-abcdefghijklmnopqrstuvwxyz0123"
@@ -39,5 +40,5 @@ def test_rule_files(tmp_path):
     rules.write_text("# ids\nEMP-[0-9]{6}\n\n")
     assert Redactor.from_file(rules).body(b"user EMP-123456") == b"user [REDACTED]"
     rules.write_text("EMP-[0-9\n")
-    with pytest.raises(ValueError, match="bad redaction rule"):
+    with pytest.raises(UserError, match="bad redaction rule"):
         Redactor.from_file(rules)

@@ -15,8 +15,8 @@ import argparse
 import sys
 
 from forgerl.cli import run_verb
+
 from . import rl, sft
-from .launch import LaunchError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_verb("forge-train", lambda: args.func(args), (LaunchError, ValueError, OSError))
+    return run_verb("forge-train", lambda: args.func(args))
 
 
 if __name__ == "__main__":

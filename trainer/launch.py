@@ -16,8 +16,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from forgerl.errors import UserError
 
-class LaunchError(ValueError):
+
+class LaunchError(UserError, ValueError):
     """Bad options or data: one line, exit 2."""
 
 

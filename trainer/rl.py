@@ -27,8 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from forgerl.errors import removed_on_user_error
 from forgerl.runners.harnesses import get_harness
-from forgerl.runners.tasks import TaskError, load_tasks
+from forgerl.runners.tasks import load_tasks
 
 from .launch import LaunchError, compose, module_command, run, write_config, yaml_list
 
@@ -43,7 +44,11 @@ def recorded_lengths(tokens: Path) -> tuple[int, int]:
         raise LaunchError(f"--lengths-from {tokens}: no parquet files (make it with forge-convert --to tokens)")
     prompt = response = 0
     for path in files:
-        for row in pq.read_table(path, columns=["loss_mask"]).column("loss_mask").to_pylist():
+        try:
+            masks = pq.read_table(path, columns=["loss_mask"]).column("loss_mask").to_pylist()
+        except (pa.ArrowException, OSError) as e:  # unreadable, or no loss_mask: not a tokens shard
+            raise LaunchError(f"--lengths-from {tokens}: {path.name}: {str(e).splitlines()[0]}") from None
+        for row in masks:
             start = row.index(1) if 1 in row else len(row)
             prompt, response = max(prompt, start), max(response, len(row) - start)
     return prompt, response
@@ -65,10 +70,7 @@ def lengths(args: argparse.Namespace) -> tuple[int, int]:
 
 def task_rows(tasks_path: Path, harness: str, out: Path) -> Path:
     """One RL prompt row per task, in the columns the converter's verl-rl rows use."""
-    try:
-        tasks = load_tasks(tasks_path)
-    except TaskError as e:
-        raise LaunchError(str(e)) from None
+    tasks = load_tasks(tasks_path)
     rows = [{"data_source": f"forgerl/{harness}", "prompt": [{"role": "user", "content": task.prompt}],
              "agent_name": AGENT_NAME, "reward_model": {"style": "rule", "ground_truth": task.id},
              "extra_info": {"index": i, "task_id": task.id, "harness": harness}} for i, task in enumerate(tasks)]
@@ -127,8 +129,9 @@ def overrides(args: argparse.Namespace, out: Path) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = write_config(out, "rl_config", compose("ppo_trainer", overrides(args, out)))
+    with removed_on_user_error(out):  # a bad --tasks or override is found after tasks.parquet is written
+        out.mkdir(parents=True, exist_ok=True)
+        config = write_config(out, "rl_config", compose("ppo_trainer", overrides(args, out)))
     print(f"# veRL PPO config: {config}\n# agent loop: {out / 'agent_loop.yaml'}", flush=True)
     if args.dry_run:
         print((out / "agent_loop.yaml").read_text(), end="")

@@ -7,12 +7,14 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forgerl.errors import UserError
+
 # The project's own pinned npm install (package.json / package-lock.json).
 PROJECT_BIN = Path(__file__).resolve().parents[2] / "node_modules" / ".bin"
 MAX_TRANSCRIPT_BYTES = 1 << 20
 
 
-class HarnessError(RuntimeError):
+class HarnessError(UserError, RuntimeError):
     """The harness cannot be run here (not installed, unknown)."""
 
 
