@@ -356,12 +356,14 @@ class CallSink:
             self.labels = json.loads(settings["labels"]) if settings["labels"] else None
 
     def _record(self, call: CapturedCall, user_agent: str) -> None:
-        from .harness import detect_harness
+        from .harness import identify
 
         try:
-            self.writer.add_session(call.session_id, harness=detect_harness(user_agent),
-                                    user_agent=user_agent, labels=self.labels)
-            self.writer.add_call(call.to_record(self.redactor))
+            record = call.to_record(self.redactor)
+            hid = identify(record.request_headers or {}, record.exchange)
+            self.writer.add_session(call.session_id, harness=hid.name, harness_rank=hid.rank,
+                                    harness_evidence=hid.evidence, user_agent=user_agent, labels=self.labels)
+            self.writer.add_call(record)
             self.recorded[call.session_id] += 1
         except Exception as e:  # never let one odd call stop the recorder
             self.writer.untrack(call.call_id)
