@@ -137,9 +137,12 @@ def _version(schema: pa.Schema) -> int:
 
 def init_root(root: Path) -> dict:
     """Create the dataset root and its manifest if absent; return the manifest."""
-    root.mkdir(parents=True, exist_ok=True)
-    for sub in (*TABLES, "_inflight", "_writers", "_compaction"):
-        (root / sub).mkdir(exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for sub in (*TABLES, "_inflight", "_writers", "_compaction"):
+            (root / sub).mkdir(exist_ok=True)
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:
+        raise DatasetError(f"{root}: cannot hold a dataset: {e.strerror} ({e.filename})") from None
     path = root / MANIFEST
     if not path.exists():
         manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
