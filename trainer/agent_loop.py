@@ -49,12 +49,9 @@ from forgerl.runners.rollout import Outcome, Rollout
 from forgerl.runners.sessions import session_rows
 from forgerl.runners.tasks import Task, find_task, load_task
 
-from .trajectory import segments
+from .trajectory import CALL_COLUMNS, segments
 
 log = logging.getLogger(__name__)
-
-CALL_COLUMNS = ["call_id", "session_id", "seq", "t_start", "prompt_token_ids", "completion_token_ids",
-                "completion_logprobs"]
 
 
 class VerlPolicy:
@@ -132,6 +129,7 @@ class HarnessAgentLoop(AgentLoopBase):
             extra["forge_infra_error"] = 1
             return self._masked(0.0, extra)
         main = found[-1]
+        extra["forge_segment_id"] = f"{outcome.session}:{main.index}"  # the stored segment, as forge-convert names it
         extra["forge_dropped_model_tokens"] = sum(s.model_tokens for s in found[:-1])
         if len(main.prompt_ids) > self.prompt_length or len(main.response_ids) > self.response_length:
             log.warning("rollout %s: %d prompt + %d response tokens exceed rollout.prompt_length=%d / "
