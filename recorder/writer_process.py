@@ -58,7 +58,11 @@ FLUSH_INTERVAL_S = 0.5
 
 
 class RecorderFailure(OSError):
-    """Calls can no longer be recorded (the writer process died, a write failed): stop, never forward unrecorded."""
+    """Calls can no longer be recorded (the writer process died, a write failed): stop, never forward unrecorded.
+
+    Deliberately not a `UserError`: a serve that fails mid-run must keep the dataset it made
+    (`removed_on_user_error` removes a new --out folder on a UserError).
+    """
 
 
 def _write_frame(pipe: BinaryIO, batch: list) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import free_port
+from forgerl.recorder.writer_process import RecorderFailure
 
 STOP_TIMEOUT_S = 30
 READY_TIMEOUT_S = 120  # loading the tokenizer comes first
@@ -46,7 +47,7 @@ def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
     url = f"http://127.0.0.1:{port}"
     try:
         RecorderControl(url).wait_ready(READY_TIMEOUT_S, alive=lambda: proc.poll() is None)
-    except (RuntimeError, OSError) as e:  # exited, never ready, or ready but not recording
+    except (RuntimeError, RecorderFailure) as e:  # exited, never ready, or ready but not recording
         proc.kill()
         proc.wait()
         drain.join()

@@ -118,6 +118,7 @@ def test_killed_writer_stops_forwarding_and_the_recorder_exits_non_zero(scripted
     rec = recorder(up.url)
     base = rec.base("kill") + "/v1/chat/completions"
     assert httpx.post(base, json=CHAT, timeout=30).status_code == 200
+    assert RecorderControl(rec.url).flush("kill") == 1
     [writer] = child_pids(rec.proc.pid)
     os.kill(writer, signal.SIGKILL)
     forwarded = len(up.log)
@@ -134,6 +135,7 @@ def test_killed_writer_stops_forwarding_and_the_recorder_exits_non_zero(scripted
         RecorderControl(rec.url).flush("kill")
     assert rec.proc.wait(timeout=30) != 0
     assert "writer process exited with status -9" in rec.stop()
+    assert len(session_calls_on_disk(rec.out, "kill")) == 1, "what was recorded before the failure is kept"
 
 
 def test_a_failed_write_stops_forwarding_too(scripted, recorder):
