@@ -1,9 +1,9 @@
 """Grading a rollout: run the task's `grade()` and turn its scores into a reward.
 
 `grade()` is arbitrary Python from a task file, so it runs in a child process
-(`python -m forgerl.runners.grading`, JSON in on stdin, JSON out on stdout)
-with the workspace as its working directory and a time limit: a grader that
-hangs or crashes cannot take the runner with it. The local runner and the
+of its own (forked from a warm server, `forkserver.py`) with the workspace as
+its working directory and a time limit: a grader that hangs or crashes
+cannot take the runner with it. The local runner and the
 Kubernetes pod entry both call `grade_workspace`, so a task is graded the same
 way wherever it ran.
 
@@ -17,14 +17,13 @@ automated score itself.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the grader child imports this module: it starts faster without the task loaders
+from .forkserver import ForkError, fork_grade
+
+if TYPE_CHECKING:
     from .tasks import Task
 
 GRADER_TIMEOUT_S = 120
@@ -55,16 +54,13 @@ def run_grade(code: str, transcript: list, workspace: str) -> dict[str, float]:
 
 def grade_workspace(task: Task, transcript: list, workspace: Path, timeout: float = GRADER_TIMEOUT_S) -> dict[str, float]:
     """Run the task's grade() in a child process against `workspace`; raise GradingError on failure."""
-    payload = json.dumps({"code": task.grader, "transcript": transcript, "workspace": str(workspace)})
     try:
-        proc = subprocess.run([sys.executable, "-m", "forgerl.runners.grading"], input=payload, cwd=workspace,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise GradingError(f"grade() ran past {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        lines = (proc.stderr.strip() or f"exit status {proc.returncode}").splitlines()
-        raise GradingError(f"grade() failed: {lines[-1]}")
-    return json.loads(proc.stdout)
+        answer = fork_grade({"code": task.grader, "transcript": transcript, "workspace": str(workspace)}, timeout)
+    except ForkError as e:
+        raise GradingError(f"grade() {e}") from None
+    if not answer["ok"]:
+        raise GradingError(f"grade() failed: {answer['error']}")
+    return answer["scores"]
 
 
 @dataclass(frozen=True)
@@ -89,14 +85,3 @@ def combine(task: Task, scores: dict[str, float], judge_score: float | None = No
         weight_sum += weight
     reward = total / weight_sum if weight_sum else automated
     return Reward(reward=min(1.0, max(0.0, reward)), graded=graded)
-
-
-def _child() -> int:
-    request = json.loads(sys.stdin.read())
-    scores = run_grade(request["code"], request["transcript"], request["workspace"])
-    json.dump(scores, sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child())

@@ -117,3 +117,16 @@ def test_a_hanging_grader_is_stopped(tmp_path):
     with pytest.raises(GradingError, match="ran past 1 s"):
         grade_workspace(task, [], tmp_path, timeout=1)
     assert time.monotonic() - start < 10
+
+
+def test_a_grader_that_dies_is_an_error(tmp_path):
+    task = load_tasks(toml_task(tmp_path / "t", "g", "import os\nos._exit(3)"))[0]
+    with pytest.raises(GradingError, match="died without an answer"):
+        grade_workspace(task, [], tmp_path)
+
+
+def test_a_grader_runs_in_the_workspace_and_can_wait_for_its_own_processes(tmp_path):
+    body = ("import os, subprocess\nprint('noise')\n"
+            "return {'cwd': float(os.getcwd() == str(ws)), 'exit': float(subprocess.run(['false']).returncode)}")
+    task = load_tasks(toml_task(tmp_path / "t", "g", body))[0]
+    assert grade_workspace(task, [], tmp_path / "t") == {"cwd": 1.0, "exit": 1.0}
