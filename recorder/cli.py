@@ -143,7 +143,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer)
     version = args.policy_version or args.served_model
-    gateway = PolicyGateway(_policy(args, tokenizer), tokenizer, args.served_model, policy_version=version,
+    gateway = PolicyGateway(_policy(args, tokenizer), tokenizer, args.served_model,
                             sampling=Sampling(max_tokens=args.max_tokens, temperature=args.temperature,
                                               top_p=args.top_p))
     host, port = args.listen

@@ -185,8 +185,14 @@ def serve_forever(config: RecorderConfig, on_ready=None) -> None:
             loop.create_task(_when_ready(ready, on_ready))
         await _run(master)
 
-    with removed_on_user_error(config.out):
-        asyncio.run(main())
+    failed: RecorderFailure | None = None
+    with removed_on_user_error(config.out):  # only a failure to start removes a new --out folder
+        try:
+            asyncio.run(main())
+        except RecorderFailure as e:
+            failed = e
+    if failed is not None:
+        raise failed
 
 
 async def _when_ready(ready: _Ready, callback) -> None:

@@ -136,13 +136,12 @@ def _prefix_keys(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
 class PolicyGateway:
     """An aiohttp app on loopback that answers Anthropic, Responses and Chat calls from a policy."""
 
-    def __init__(self, policy: Policy, tokenizer: Any, served_model: str, policy_version: str | None = None,
-                 sampling: Sampling | None = None, fmt: ToolCallFormat | None = None,
+    def __init__(self, policy: Policy, tokenizer: Any, served_model: str, sampling: Sampling | None = None,
+                 fmt: ToolCallFormat | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None):
         self.policy = policy
         self.tokenizer = tokenizer
         self.served_model = served_model
-        self.policy_version = policy_version
         self.sampling = sampling or Sampling()
         self.fmt = fmt or format_for_template(getattr(tokenizer, "chat_template", None))
         self.prompts = PromptBuilder(tokenizer, chat_template_kwargs=chat_template_kwargs)

@@ -49,6 +49,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import BinaryIO, Iterator
 
+from forgerl.errors import UserError
+
 from .capture import CapturedCall
 
 _HEADER = struct.Struct(">Q")
@@ -57,11 +59,11 @@ PIPE_SIZE = 1 << 20
 FLUSH_INTERVAL_S = 0.5
 
 
-class RecorderFailure(OSError):
+class RecorderFailure(UserError, OSError):
     """Calls can no longer be recorded (the writer process died, a write failed): stop, never forward unrecorded.
 
-    Deliberately not a `UserError`: a serve that fails mid-run must keep the dataset it made
-    (`removed_on_user_error` removes a new --out folder on a UserError).
+    Not a bug in forgerl but a failing machine (a killed process, a full disk): the verbs say it in one line
+    and exit non-zero. A serve that fails mid-run keeps the dataset it made (`proxy.serve`).
     """
 
 
@@ -386,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)  # anything printed from here on is a log line, never the handshake
     try:
         # The Flusher owns the flush clock: the writer's own thread would only log a failed flush.
-        writer = DatasetWriter(args[0], flush_interval=threading.TIMEOUT_MAX)
+        writer = DatasetWriter(args[0], flush_interval=None)
     except Exception as e:  # bad root, newer schema: the proxy shows this line and stops
         channel.write(f"error: {e}\n".encode())
         channel.close()

@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="", metavar="DIR", help="with --policy: the policy's tokenizer directory")
     p.add_argument("--served-model", default="", metavar="NAME", help="with --policy: the served model name")
     p.add_argument("--attempts", type=_positive, default=1, metavar="K", help="attempts per task (default 1)")
-    p.add_argument("--parallel", type=_positive, default=1, metavar="N", help="rollouts at once (default 1)")
+    p.add_argument("--parallel", type=_positive, default=1, metavar="N",
+                   help="harnesses running at once (default 1); a finished rollout is graded beside the next")
     p.add_argument("--out", required=True, metavar="DATASET", help="dataset root: calls and outcomes land here")
     p.add_argument("--runner", choices=("local", "kubernetes"), default="local")
     p.add_argument("--model", default="", help="model name passed to the harness")

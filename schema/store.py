@@ -243,18 +243,18 @@ class DatasetWriter:
     """Buffers rows and flushes them as new files at least every `flush_interval` s.
 
     Thread-safe: producers call `add_*` from any thread (mitmproxy's event
-    loop); a daemon thread flushes. Unfinished calls registered with `track`
+    loop); a daemon thread flushes, unless `flush_interval` is None: then the
+    owner calls `flush` itself (and sees its failures). Unfinished calls registered with `track`
     are snapshotted to `_inflight/` on every flush so a crash leaves them
     recoverable.
     """
 
     def __init__(self, root: str | os.PathLike, *, writer_id: str | None = None,
-                 flush_interval: float = 0.5, source: str = "recorder"):
+                 flush_interval: float | None = 0.5, source: str = "recorder"):
         self.root = Path(root)
         init_root(self.root)
         self.writer_id = writer_id or new_writer_id()
         self.source = source
-        self.flush_interval = flush_interval
         self._lock = _Flock(self.root / "_writers" / f"{self.writer_id}.lock", blocking=False)
         self._mutex = threading.Lock()
         self._flush_mutex = threading.Lock()
@@ -268,8 +268,11 @@ class DatasetWriter:
         self._closed = threading.Event()
         self.recovered = recover(self.root)
         self._stored_sessions = stored_sessions(self.root)  # sessions to take up from the dataset when they resume
-        self._thread = threading.Thread(target=self._run, name=f"forgerl-writer-{self.writer_id}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if flush_interval is not None:
+            self._thread = threading.Thread(target=self._run, args=(flush_interval,),
+                                            name=f"forgerl-writer-{self.writer_id}", daemon=True)
+            self._thread.start()
 
     # producers ---------------------------------------------------------
 
@@ -343,8 +346,8 @@ class DatasetWriter:
 
     # flushing ----------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._closed.wait(self.flush_interval):
+    def _run(self, interval: float) -> None:
+        while not self._closed.wait(interval):
             try:
                 self.flush()
             except Exception as e:  # keep flushing: a full disk may clear
@@ -388,7 +391,8 @@ class DatasetWriter:
         if self._closed.is_set():
             return
         self._closed.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         with self._mutex:
             snapshots = list(self._inflight.values())
             self._inflight.clear()

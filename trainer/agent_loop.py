@@ -95,7 +95,7 @@ class HarnessAgentLoop(AgentLoopBase):
         info = kwargs.get("extra_info") or {}
         task = _task(info, self.tasks)
         policy = VerlPolicy(self.server_manager, sampling_params, uuid.uuid4().hex, self.eos_id)
-        gateway = PolicyGateway(policy, self.tokenizer, self.served_model, policy_version=self.policy_version or None,
+        gateway = PolicyGateway(policy, self.tokenizer, self.served_model,
                                 sampling=Sampling(max_tokens=self.response_length))
         url = await gateway.start()
         recorder = BackgroundRecorder(RecorderConfig(out=self.dataset, upstream_anthropic=url, upstream_openai=url,
