@@ -8,7 +8,7 @@ The dataset grows in place, the way a recorder fills it: files of 500 calls
 completion token ids and logprobs. At each size the bench reads one session
 (its 10 calls, the agent loop's columns) three ways:
 
-    session_rows, warm   `runners.sessions.session_rows` with its file index up to date: what the agent
+    session_rows, warm   `schema.sessions.session_rows` with its file index up to date: what the agent
                          loop pays per rollout, since its process learns each new file once
     session_rows, cold   the same with an empty index: learning every file's sessions first (once per process)
     whole table          the old read: every file's columns, then a filter on session_id
@@ -30,7 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from forgerl.runners import sessions
+from forgerl.schema import sessions
 from forgerl.schema.store import atomic_write_table, init_root, read_table
 from forgerl.schema.tables import TABLES
 

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from forgerl.schema import duck
 from forgerl.schema.messages import Message
 from forgerl.schema.records import MessageMemo, call_forms
+from forgerl.schema.segments import succeeded
 from forgerl.schema.store import DatasetError, SchemaVersionError, data_files, file_version, open_dataset
 from forgerl.schema.tables import SCHEMA_VERSION, TABLES
 
@@ -103,8 +104,7 @@ class Call:
 
     @property
     def ok(self) -> bool:
-        status = self.row.get("status")
-        return bool(self.row.get("complete")) and not self.row.get("error") and (status is None or status < 400)
+        return succeeded(self.row)
 
 
 @dataclass

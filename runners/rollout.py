@@ -35,7 +35,7 @@ from forgerl.recorder.writer_process import RecorderFailure
 from forgerl.schema.store import MANIFEST, DatasetWriter
 
 from .grading import GradingError, combine, grade_workspace
-from .sessions import session_count
+from forgerl.schema.sessions import session_count
 from .tasks import Task
 from .transcript import rollout_transcript
 

@@ -22,7 +22,7 @@ from typing import Any
 from forgerl.schema.messages import Message, Part
 from forgerl.schema.records import call_messages
 
-from .sessions import session_rows
+from forgerl.schema.sessions import session_rows
 
 MODEL_APIS = ("anthropic", "responses", "chat", "completions")
 

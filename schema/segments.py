@@ -79,11 +79,16 @@ def message_key(message: Message) -> str:
     return sha256_hex(canonical_json([message.role, chat]))
 
 
+def succeeded(row: Mapping[str, Any]) -> bool:
+    """A call that finished without an error or an HTTP error status."""
+    status = row.get("status")
+    return bool(row.get("complete")) and not row.get("error") and (status is None or status < 400)
+
+
 def trainable(row: Mapping[str, Any]) -> bool:
     """Calls that hold a model turn: finished without error, with input and an assistant output (or, when
     served, the ids the policy generated: a turn that parses to nothing is still what it wrote)."""
-    status = row.get("status")
-    if not row.get("complete") or row.get("error") or (status is not None and status >= 400):
+    if not succeeded(row):
         return False
     generated = row.get("completion_token_ids")
     return bool(row.get("input_roles")) and (

@@ -30,15 +30,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-import duckdb
-
 from forgerl.errors import UserError
 
-from .records import CallRecord, MessageMemo, call_forms, call_rows
+from .records import CallRecord, call_forms, call_rows
 from .segments import NO_PLACE, SessionThreads
 from .tables import SCHEMA_VERSION, TABLES
 
@@ -47,7 +46,6 @@ FORMAT = "forgerl-dataset"
 VERSION_KEY = b"forgerl.schema_version"
 TABLE_KEY = b"forgerl.table"
 _SESSION_CACHE = 10_000
-_UNSEEN = object()
 
 
 class DatasetError(UserError):
@@ -267,7 +265,6 @@ class DatasetWriter:
         self._call_seq = 0
         self._closed = threading.Event()
         self.recovered = recover(self.root)
-        self._stored_sessions = stored_sessions(self.root)  # sessions to take up from the dataset when they resume
         self._thread: threading.Thread | None = None
         if flush_interval is not None:
             self._thread = threading.Thread(target=self._run, args=(flush_interval,),
@@ -334,10 +331,9 @@ class DatasetWriter:
     def _seen_for(self, session_id: str) -> tuple[set[str], set[str], SessionThreads]:
         seen = self._seen.get(session_id)
         if seen is None:
-            seen = self._seen[session_id] = (session_history(self.root, session_id)
-                                             if session_id in self._stored_sessions else
-                                             (set(), set(), SessionThreads()))
-            self._stored_sessions.add(session_id)  # once evicted from `_seen`, read back from the dataset
+            from .sessions import session_history  # the session index builds on this module
+
+            seen = self._seen[session_id] = session_history(self.root, session_id)
             if len(self._seen) > _SESSION_CACHE:
                 self._seen.popitem(last=False)  # read back from the dataset if the session resumes
         else:
@@ -410,44 +406,6 @@ class DatasetWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# What taking up a session's threads reads of its stored calls: everything but the raw bytes and bodies.
-PLACE_COLUMNS = ("call_id", "session_id", "seq", "t_start", "status", "error", "complete", "tools", "response_headers",
-                 "input_refs", "input_msg", "input_roles", "input_extra", "output_refs", "output_msg", "output_roles",
-                 "output_extra", "prompt_token_ids", "completion_token_ids", "segment_index", "segment_reason",
-                 "parent_segment", "parent_position")
-
-
-def stored_sessions(root: Path) -> set[str]:
-    """Ids of the sessions the dataset holds (from `sessions`, one small column a file)."""
-    ids: set[str] = set()
-    for path in data_files(root, "sessions"):
-        ids.update(pq.ParquetFile(path).read(columns=["session_id"]).column(0).to_pylist())
-    return ids
-
-
-def session_history(root: Path, session_id: str) -> tuple[set[str], set[str], SessionThreads]:
-    """What the dataset already holds of a session a writer has not seen (a harness's `--continue` run
-    through a new recorder, a session evicted from the writer's cache): its written part and blob hashes,
-    and its threads as stored, so new calls are placed where the session left off. A session is recorded
-    by one writer at a time: two writers recording it at once would number their segments apart."""
-    threads = SessionThreads()
-    calls, messages, blobs = (data_files(root, t) for t in ("calls", "messages", "blobs"))
-    if not calls:
-        return set(), set(), threads
-    where = [("session_id", "=", session_id)]
-    rows = pq.read_table(calls, columns=list(PLACE_COLUMNS), filters=where).to_pylist()
-    if not rows:
-        return set(), set(), threads
-    parts = pq.read_table(messages, columns=["part_hash", "part"], filters=where) if messages else None
-    by_hash = dict(zip(*(parts.column(c).to_pylist() for c in ("part_hash", "part")))) if parts else {}
-    memo = MessageMemo()
-    rows.sort(key=lambda r: (r["t_start"], r["seq"], r["call_id"]))
-    threads.restore(rows, lambda form: memo.message(form, by_hash))
-    blob_hashes = (set(pq.read_table(blobs, columns=["blob_hash"], filters=where).column(0).to_pylist())
-                   if blobs else set())
-    return set(by_hash), blob_hashes, threads
 
 
 def place_call(threads: SessionThreads, row: dict, record: CallRecord) -> dict:

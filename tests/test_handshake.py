@@ -22,7 +22,7 @@ from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from scripted_upstream import ScriptedUpstream, Turn, sequence
 from forgerl.recorder.writer_process import RecorderFailure
-from forgerl.runners import sessions
+from forgerl.schema import sessions
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.tasks import load_tasks

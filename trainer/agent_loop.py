@@ -46,7 +46,7 @@ from forgerl.recorder.serve import PolicyGateway
 from forgerl.runners.harnesses import get_harness
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Outcome, Rollout
-from forgerl.runners.sessions import session_rows
+from forgerl.schema.sessions import session_rows
 from forgerl.runners.tasks import Task, find_task, load_task
 
 from .trajectory import CALL_COLUMNS, segments

@@ -1,6 +1,7 @@
 """One session's rows, fast: which data files hold a session, learnt once per file.
 
-Runners read a rollout's calls right after it ends, many times a minute, from
+Runners read a rollout's calls right after it ends, many times a minute, and
+a recorder's writer reads a session it takes up again (`store.DatasetWriter`), from
 a dataset that gains a file per table every flush. Reading every file (or
 every footer) for each rollout makes grading slower as the dataset grows. A
 data file never changes once written (new rows get new files; compaction
@@ -10,7 +11,7 @@ session it wants; in those, the session filter is pushed down to the Parquet
 reader, which skips row groups whose `session_id` statistics rule it out. So
 a read costs the session's own rows plus a listing of file names, however
 large the dataset grows (`bench/session_read.py`). Files of an older schema
-version go through the store's migrating reader.
+version go through the store's conforming reader.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from forgerl.schema.store import data_files, file_version, read_files
-from forgerl.schema.tables import SCHEMA_VERSION, TABLES
+from .records import MessageMemo
+from .segments import SessionThreads
+from .store import data_files, file_version, read_files
+from .tables import SCHEMA_VERSION, TABLES
 
 _Info = tuple[int, Counter]  # (schema version, rows per session)
 _INDEX: dict[str, _Info] = {}
@@ -78,3 +81,28 @@ def session_rows(root: str | Path, table: str, session: str, columns: list[str])
         return rows.filter(pc.equal(rows.column("session_id"), session)).select(columns)
     wanted = pc.field("session_id") == session
     return pa.concat_tables([pq.read_table(f, columns=columns, filters=wanted) for f in files]).select(columns)
+
+
+# What taking up a session's threads reads of its stored calls: everything but the raw bytes and bodies.
+PLACE_COLUMNS = ["call_id", "session_id", "seq", "t_start", "status", "error", "complete", "tools", "response_headers",
+                 "input_refs", "input_msg", "input_roles", "input_extra", "output_refs", "output_msg", "output_roles",
+                 "output_extra", "prompt_token_ids", "completion_token_ids", "segment_index", "segment_reason",
+                 "parent_segment", "parent_position"]
+
+
+def session_history(root: str | Path, session_id: str) -> tuple[set[str], set[str], SessionThreads]:
+    """What the dataset already holds of a session a writer has not seen (a harness's `--continue` run
+    through a new recorder, a session evicted from the writer's cache): its written part and blob hashes,
+    and its threads as stored, so new calls are placed where the session left off. A session is recorded
+    by one writer at a time: two writers recording it at once would number their segments apart."""
+    threads = SessionThreads()
+    rows = session_rows(root, "calls", session_id, PLACE_COLUMNS).to_pylist()
+    if not rows:
+        return set(), set(), threads
+    parts = session_rows(root, "messages", session_id, ["part_hash", "part"])
+    by_hash = dict(zip(*(parts.column(c).to_pylist() for c in ("part_hash", "part"))))
+    memo = MessageMemo()
+    rows.sort(key=lambda r: (r["t_start"], r["seq"], r["call_id"]))
+    threads.restore(rows, lambda form: memo.message(form, by_hash))
+    blobs = set(session_rows(root, "blobs", session_id, ["blob_hash"]).column(0).to_pylist())
+    return set(by_hash), blobs, threads
