@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +27,7 @@ from forgerl.errors import UserError
 from forgerl.schema.store import compact, delete_session, read_manifest
 
 from . import summary
-from .harness import codex_overrides, harness_env
+from .launch import launch
 from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
 from .proxy import ANTHROPIC_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
 
@@ -168,11 +169,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=args.upstream_anthropic,
                             upstream_openai=args.upstream_openai, session=session,
                             redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels)
-    env = {**os.environ, **harness_env(config.url, session)}
-    if Path(cmd[0]).name == "codex":
-        cmd = [cmd[0], *codex_overrides(config.url, session), *cmd[1:]]
-    with BackgroundRecorder(config):
-        returncode = subprocess.call(cmd, env=env)
+    with tempfile.TemporaryDirectory(prefix="forge-record-run-") as scratch, BackgroundRecorder(config):
+        aimed = launch(cmd, config.url, session, Path(scratch))
+        returncode = subprocess.call(aimed.argv, env={**os.environ, **aimed.env})
     print(file=sys.stderr)
     print(summary.summarise_session(args.out, session), file=sys.stderr)
     return returncode

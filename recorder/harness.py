@@ -17,8 +17,7 @@ highest rank, the latest on ties):
 Stainless headers (`x-stainless-*`) are left out on purpose: every
 Anthropic/OpenAI SDK sends them, so they name no harness.
 
-`harness_env` and `codex_overrides` are how `forge-record run` and the
-runners aim a harness at a recorder session URL.
+How a harness is aimed at a recorder session lives in `recorder/launch.py`.
 """
 
 from __future__ import annotations
@@ -144,21 +143,3 @@ def _by_tools(exchange: Exchange) -> HarnessId | None:
             if names <= offered:
                 return HarnessId(harness.name, FINGERPRINT_RANK, "tools:" + ",".join(sorted(names)))
     return None
-
-
-def harness_env(base_url: str, session: str) -> dict[str, str]:
-    """Environment that points Claude Code and OpenAI-SDK clients at the recorder."""
-    root = f"{base_url}/s/{session}"
-    return {
-        "ANTHROPIC_BASE_URL": root,
-        "OPENAI_BASE_URL": f"{root}/v1",
-        "FORGE_SESSION_ID": session,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-
-
-def codex_overrides(base_url: str, session: str) -> list[str]:
-    """`-c` flags that give Codex a provider pointing at the recorder over SSE."""
-    provider = (f'{{name="forgerl", base_url="{base_url}/s/{session}/v1", wire_api="responses", '
-                f'env_key="OPENAI_API_KEY"}}')
-    return ["-c", f"model_providers.forgerl={provider}", "-c", "model_provider=forgerl"]

