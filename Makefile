@@ -11,6 +11,8 @@ TRAIN_STAMP := $(VENV)/.installed-train
 NPM_STAMP := node_modules/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+MINI_VENV := .venv-mini
+MINI_STAMP := $(MINI_VENV)/.installed
 
 .PHONY: demo test bench lock clean browser vllm harnesses
 
@@ -36,6 +38,13 @@ $(VLLM_STAMP): requirements-vllm.lock
 	touch $@
 
 vllm: $(VLLM_STAMP)
+
+# mini-swe-agent, the one Python harness, in its own venv: its litellm and
+# typer pins are not ours. runners/harnesses/mini_swe_agent.py finds its CLI here.
+$(MINI_STAMP): requirements-mini.lock
+	test -x $(MINI_VENV)/bin/python || $(PY) -m venv $(MINI_VENV)
+	$(MINI_VENV)/bin/pip install -q --no-deps -r requirements-mini.lock
+	touch $@
 
 harnesses: $(NPM_STAMP)
 
@@ -63,7 +72,7 @@ demo: $(PY_STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: $(TRAIN_STAMP) $(NPM_STAMP) $(VLLM_STAMP) browser
+test: $(TRAIN_STAMP) $(NPM_STAMP) $(VLLM_STAMP) $(MINI_STAMP) browser
 	$(BIN)/python -m pytest -q
 
 bench: $(TRAIN_STAMP)
@@ -91,4 +100,4 @@ lock:
 	/tmp/forgerl-lock/bin/pip freeze > requirements-vllm.lock
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) node_modules forge-data
+	rm -rf $(VENV) $(VLLM_VENV) $(MINI_VENV) node_modules forge-data

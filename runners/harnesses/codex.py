@@ -7,6 +7,12 @@ built-in provider would try a WebSocket first). Headless:
 `codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox
 -o LAST_MESSAGE_FILE PROMPT` (the runner is the sandbox). The final answer is
 that file; its own transcript is `$CODEX_HOME/sessions/**/*.jsonl`.
+
+Model: always `-m` (`default_model`, gpt-5.4, when none is given). With its
+own default model (gpt-6.2-sol in 0.171) Codex sends no `tools`, only
+namespaces in an `additional_tools` input item whose tool catalogue lives
+server-side, so the recorded calls could not be trained with their tool
+definitions; with a named model it sends every tool's schema in `tools`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ class Codex(Harness):
     name: str = "codex"
     cli: str = "codex"
     api: str = "responses"
+    default_model: str = "gpt-5.4"
 
     def _home(self, ctx: RunContext) -> Path:
         return ctx.home / ".codex"
@@ -34,9 +41,8 @@ class Codex(Harness):
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         self._home(ctx).mkdir(parents=True, exist_ok=True)
         argv = [exe, "exec", *codex_overrides(ctx.base_url, ctx.session), "--skip-git-repo-check",
-                "--dangerously-bypass-approvals-and-sandbox", "-o", str(self._last_message(ctx))]
-        if ctx.model:
-            argv += ["-m", ctx.model]
+                "--dangerously-bypass-approvals-and-sandbox", "-o", str(self._last_message(ctx)),
+                "-m", ctx.model or self.default_model]
         env = {**harness_env(ctx.base_url, ctx.session), **openai_env(ctx), "CODEX_HOME": str(self._home(ctx))}
         return [*argv, ctx.prompt], env
 
