@@ -60,9 +60,24 @@ def claude_code(argv: list[str], base_url: str, session: str, scratch: Path) -> 
     return Launch(list(argv), harness_env(base_url, session))
 
 
+def mini_swe_agent_env(base_url: str, session: str, scratch: Path) -> dict[str, str]:
+    """mini-swe-agent (litellm): the OpenAI base URL, no first-run setup prompt, its global config
+    (`.env`, last trajectory) in `scratch`, no cost lookup for an unpriced model, and litellm's model
+    cost map read from the package instead of fetched from GitHub at import."""
+    root = session_root(base_url, session)
+    return {**harness_env(base_url, session), "OPENAI_API_BASE": f"{root}/v1", "MSWEA_CONFIGURED": "true",
+            "MSWEA_GLOBAL_CONFIG_DIR": str(scratch / "mini-swe-agent"), "MSWEA_COST_TRACKING": "ignore_errors",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def mini_swe_agent(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
+    return Launch(list(argv), mini_swe_agent_env(base_url, session, scratch))
+
+
 LAUNCHERS: dict[str, Launcher] = {
     "claude": claude_code,
     "codex": codex,
+    "mini": mini_swe_agent,
 }
 
 

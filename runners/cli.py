@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="harnesses running at once (default 1); a finished rollout is graded beside the next")
     p.add_argument("--out", required=True, metavar="DATASET", help="dataset root: calls and outcomes land here")
     p.add_argument("--runner", choices=("local", "kubernetes"), default="local")
-    p.add_argument("--model", default="", help="model name passed to the harness")
+    p.add_argument("--model", default="", help="model name passed to the harness (default: the adapter's "
+                                                "default_model; codex: gpt-5.4, with which it sends its tool "
+                                                "definitions)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="override every task's timeout")
     p.add_argument("--retries", type=int, default=2, help="retries of an infra failure (default 2)")
     p.add_argument("--task", action="append", default=[], metavar="ID", help="only these task ids (repeatable)")
@@ -102,16 +104,17 @@ def _select(tasks: list[Task], ids: list[str]) -> list[Task]:
 
 def _runner(args: argparse.Namespace, recorder_url: str):
     harness = get_harness(args.harness)
+    model = args.model or harness.default_model
     if args.runner == "local":
         from .local import LocalRunner
         return LocalRunner(harness, recorder_url, Path(args.out), parallel=args.parallel, retries=args.retries,
-                           isolate_network=not args.no_network_isolation, model=args.model, timeout_s=args.timeout)
+                           isolate_network=not args.no_network_isolation, model=model, timeout_s=args.timeout)
     from .kubernetes import KubernetesRunner, api_client, load_template
     template = load_template(Path(args.pod_template)) if args.pod_template else load_template()
     return KubernetesRunner(harness, recorder_url, api_client(args.kube_api, args.kubeconfig),
                             namespace=args.namespace, template=template, image=args.image,
                             pod_tasks=args.pod_tasks, pod_dataset=args.pod_dataset, parallel=args.parallel,
-                            retries=args.retries, model=args.model, timeout_s=args.timeout)
+                            retries=args.retries, model=model, timeout_s=args.timeout)
 
 
 def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) -> int:

@@ -12,10 +12,11 @@ from __future__ import annotations
 from .base import Harness, HarnessError, RunContext, find_cli
 from .claude_code import ClaudeCode
 from .codex import Codex
+from .mini_swe_agent import MiniSweAgent
 from .openclaw import OpenClaw
 from .zeroclaw import ZeroClaw
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), Codex(), OpenClaw(), ZeroClaw())}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), Codex(), OpenClaw(), ZeroClaw(), MiniSweAgent())}
 
 
 def get_harness(name: str) -> Harness:

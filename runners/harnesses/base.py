@@ -50,6 +50,7 @@ class Harness:
     name: str = ""
     cli: str = ""
     api: str = ""  # the wire API it speaks: anthropic | responses | chat
+    default_model: str = ""  # what `forge-run` passes when no --model is given ("": the harness's own choice)
 
     def find(self) -> str:
         return find_cli(self.cli)
