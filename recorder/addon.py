@@ -27,6 +27,7 @@ from mitmproxy import ctx, exceptions, http
 
 from forgerl.errors import UserError
 from forgerl.recorder import control
+from forgerl.recorder.apis.gemini import is_gemini_api
 from forgerl.recorder.capture import CapturedCall
 from forgerl.recorder.redact import Redactor
 from forgerl.recorder.writer_process import WriterClient
@@ -105,6 +106,8 @@ class Recorder:
                           "Session id for calls with neither a /s/<id>/ prefix nor an X-Forge-Session header.")
         loader.add_option("forge_upstream_anthropic", str, "",
                           "Forward Anthropic Messages paths here instead of the proxy's own target.")
+        loader.add_option("forge_upstream_gemini", str, "",
+                          "Forward Gemini API paths (/v1beta/..., models/M:generateContent) here.")
         loader.add_option("forge_upstream_openai", str, "",
                           "Forward every other path here instead of the proxy's own target.")
         loader.add_option("forge_redact_rules", str, "", "File of extra redaction regexes, one per line.")
@@ -118,9 +121,10 @@ class Recorder:
         try:
             if "forge_redact_rules" in updated and opts.forge_redact_rules:
                 Redactor.from_file(opts.forge_redact_rules)  # a bad rule is an error here, not in the writer
-            if {"forge_upstream_anthropic", "forge_upstream_openai"} & updated:
+            if {"forge_upstream_anthropic", "forge_upstream_gemini", "forge_upstream_openai"} & updated:
                 self.upstreams = {name: Upstream(url) for name, url in (
-                    ("anthropic", opts.forge_upstream_anthropic), ("openai", opts.forge_upstream_openai)) if url}
+                    ("anthropic", opts.forge_upstream_anthropic), ("gemini", opts.forge_upstream_gemini),
+                    ("openai", opts.forge_upstream_openai)) if url}
             if "forge_labels" in updated:
                 parse_labels(opts.forge_labels)
             if "forge_out" in updated:
@@ -150,7 +154,7 @@ class Recorder:
         header_session = request.headers.pop(SESSION_HEADER, None)
         request.path = path
         session = session or header_session or ctx.options.forge_session
-        family = "anthropic" if path.split("?", 1)[0].endswith(ANTHROPIC_PATHS) else "openai"
+        family = _family(path)
         if family in self.upstreams:
             self.upstreams[family].apply(request)
         call = flow.metadata["forgerl"] = CapturedCall(
@@ -286,6 +290,13 @@ class Recorder:
 
     def done(self) -> None:
         self._close_writer()
+
+
+def _family(path: str) -> str:
+    """Which upstream a path goes to: Anthropic Messages, the Gemini API, or OpenAI (everything else)."""
+    if path.split("?", 1)[0].endswith(ANTHROPIC_PATHS):
+        return "anthropic"
+    return "gemini" if is_gemini_api(path) else "openai"
 
 
 def _ws_event_type(content: bytes) -> str:

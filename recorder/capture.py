@@ -18,6 +18,7 @@ from forgerl.schema.messages import Exchange
 from forgerl.schema.records import CallRecord
 
 from .apis import Codec, codec_for
+from .apis.gemini import model_of
 from .redact import Redactor
 from .sse import SSEDecoder
 
@@ -142,6 +143,7 @@ class CapturedCall:
                 if not isinstance(body, dict):
                     raise ValueError("not a JSON object")
                 self._request_exchange = codec.parse_request(body)
+                self._request_exchange.model_requested = self._request_exchange.model_requested or model_of(self.path)
             except ValueError as e:
                 self._request_error = f"request body is not a JSON object: {e}"
             except Exception as e:

@@ -2,7 +2,7 @@
 
     forge-record serve --upstream URL [--listen 127.0.0.1:PORT] [--out DIR]
     forge-record serve --policy URL --tokenizer DIR --served-model NAME [--out DIR]
-    forge-record run --out DIR [--upstream-anthropic URL] [--upstream-openai URL] -- CMD...
+    forge-record run --out DIR [--upstream URL | --upstream-anthropic URL --upstream-openai URL --upstream-gemini URL] -- CMD...
     forge-record ls DIR
     forge-record show DIR SESSION
     forge-record compact DIR
@@ -29,7 +29,7 @@ from forgerl.schema.store import compact, delete_session, read_manifest
 from . import summary
 from .launch import launch
 from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
-from .proxy import ANTHROPIC_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
+from .proxy import ANTHROPIC_API, GEMINI_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -54,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the recording proxy until interrupted")
     serve.add_argument("--upstream", help="origin to forward to, http(s)://HOST[:PORT]; request paths pass "
-                       f"through unchanged (default: {ANTHROPIC_API} for Anthropic paths, {OPENAI_API} otherwise)")
+                       f"through unchanged (default: {ANTHROPIC_API} for Anthropic paths, {GEMINI_API} for Gemini "
+                       f"paths, {OPENAI_API} otherwise)")
     serve.add_argument("--upstream-anthropic", help="origin for Anthropic Messages paths only")
+    serve.add_argument("--upstream-gemini", help="origin for Gemini API paths only (/v1beta/..., :generateContent)")
     serve.add_argument("--upstream-openai", help="origin for every other path")
     serve.add_argument("--listen", type=_listen, default=("127.0.0.1", 8787),
                        help="HOST:PORT to listen on (default 127.0.0.1:8787; loopback unless you say otherwise)")
@@ -78,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(serve)
 
     run = sub.add_parser("run", help="record one command: point known harnesses at a fresh recorder, run, summarise")
-    run.add_argument("--upstream-anthropic", default=ANTHROPIC_API, help=f"default {ANTHROPIC_API}")
-    run.add_argument("--upstream-openai", default=OPENAI_API, help=f"default {OPENAI_API}")
+    run.add_argument("--upstream", help="origin for every API (the three below default to it)")
+    run.add_argument("--upstream-anthropic", help=f"origin for Anthropic Messages paths (default {ANTHROPIC_API})")
+    run.add_argument("--upstream-gemini", help=f"origin for Gemini API paths (default {GEMINI_API})")
+    run.add_argument("--upstream-openai", help=f"origin for every other path (default {OPENAI_API})")
     run.add_argument("--session", help="session id (default: run-<time>-<random>)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     _common(run)
@@ -104,17 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.policy or args.tokenizer or args.served_model:
         return cmd_serve_policy(args)
-    anthropic = args.upstream_anthropic or args.upstream or ANTHROPIC_API
-    openai = args.upstream_openai or args.upstream or OPENAI_API
+    anthropic, openai, gemini = _upstreams(args)
     host, port = args.listen
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
-                            listen_host=host, listen_port=port, forward=args.forward, session=args.session,
+                            upstream_gemini=gemini, listen_host=host, listen_port=port, forward=args.forward, session=args.session,
                             redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels,
                             upstream_ca=args.upstream_ca)
-    target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, openai -> {openai}"
+    target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, gemini -> {gemini}, openai -> {openai}"
     serve_forever(config, on_ready=lambda: print(
         f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True))
     return 0
+
+
+def _upstreams(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(anthropic, openai, gemini) origins: each its own flag, else --upstream, else the vendor's API."""
+    return (args.upstream_anthropic or args.upstream or ANTHROPIC_API, args.upstream_openai or args.upstream or OPENAI_API,
+            args.upstream_gemini or args.upstream or GEMINI_API)
 
 
 def _policy(args: argparse.Namespace, tokenizer: object) -> Policy:
@@ -136,7 +145,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     """The recorder in front of a policy gateway: the harness is answered by the policy, recorded as usual."""
     if not (args.policy and args.tokenizer and args.served_model):
         raise UserError("serve mode needs --policy, --tokenizer and --served-model together")
-    if args.upstream or args.upstream_anthropic or args.upstream_openai or args.forward:
+    if args.upstream or args.upstream_anthropic or args.upstream_openai or args.upstream_gemini or args.forward:
         raise UserError("--policy answers every call itself: drop --upstream*/--forward")
     if args.max_tokens < 1:
         raise UserError("--max-tokens must be at least 1")
@@ -150,7 +159,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     host, port = args.listen
     with GatewayThread(gateway) as gateway_url:
         config = RecorderConfig(out=Path(args.out), upstream_anthropic=gateway_url, upstream_openai=gateway_url,
-                                listen_host=host, listen_port=port, session=args.session,
+                                upstream_gemini=gateway_url, listen_host=host, listen_port=port, session=args.session,
                                 redact_rules=args.redact_rules, policy_version=version, labels=args.labels)
         serve_forever(config, on_ready=lambda: print(
             f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
@@ -166,8 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if executable is None:
         raise UserError(f"run: command not found: {cmd[0]}")
     session = args.session or f"run-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    config = RecorderConfig(out=Path(args.out), upstream_anthropic=args.upstream_anthropic,
-                            upstream_openai=args.upstream_openai, session=session,
+    anthropic, openai, gemini = _upstreams(args)
+    config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
+                            upstream_gemini=gemini, session=session,
                             redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels)
     with tempfile.TemporaryDirectory(prefix="forge-record-run-") as scratch, BackgroundRecorder(config):
         aimed = launch(cmd, config.url, session, Path(scratch))

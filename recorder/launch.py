@@ -13,6 +13,9 @@ in `runners/harnesses/`, one row of fingerprints in `recorder/harness.py`.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,9 +77,99 @@ def mini_swe_agent(argv: list[str], base_url: str, session: str, scratch: Path) 
     return Launch(list(argv), mini_swe_agent_env(base_url, session, scratch))
 
 
+def qwen_code(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
+    """Qwen Code 0.24 on its OpenAI auth (Chat Completions at `OPENAI_BASE_URL`, key in `OPENAI_API_KEY`); the
+    flag outranks an auth type chosen in the user's settings. Its usage statistics (RUM beacons to
+    `*.rum.aliyuncs.com`, on by default) are turned off; update checks and the IDE companion run only in the
+    interactive TUI, and telemetry is off unless configured."""
+    flags = [] if any(a.startswith("--auth-type") for a in argv) else ["--auth-type", "openai"]
+    return Launch([argv[0], *flags, *argv[1:]],
+                  {**harness_env(base_url, session), "QWEN_USAGE_STATISTICS_ENABLED": "false"})
+
+
+PI_PROVIDER = "forgerl"
+PI_OFFLINE = {"PI_OFFLINE": "1", "PI_TELEMETRY": "0"}  # no version check, install report or tool downloads
+
+
+def pi_models(base_url: str, session: str, model: str) -> dict:
+    """pi's `models.json`: one Chat Completions provider at the session, its key read from `OPENAI_API_KEY`
+    (the variable's name, not its value, is written)."""
+    return {"providers": {PI_PROVIDER: {
+        "baseUrl": f"{session_root(base_url, session)}/v1", "api": "openai-completions", "apiKey": "OPENAI_API_KEY",
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "models": [{"id": model}]}}}
+
+
+def pi(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
+    """pi with its agent dir in `scratch` (a custom provider can only come from `models.json` there) and its
+    sessions where pi keeps them for this folder. `--model M` (or `provider/M`) names the upstream model."""
+    rest, model = _drop_options(argv[1:], ("--provider", "--model"))
+    model = model.get("--model", "policy").split("/", 1)[-1]
+    agent = scratch / "pi-agent"
+    agent.mkdir(parents=True, exist_ok=True)
+    (agent / "models.json").write_text(json.dumps(pi_models(base_url, session, model), indent=2))
+    user_agent = Path(os.environ.get("PI_CODING_AGENT_DIR") or Path.home() / ".pi" / "agent").expanduser()
+    sessions = os.environ.get("PI_CODING_AGENT_SESSION_DIR") or str(user_agent / "sessions" / pi_folder(Path.cwd()))
+    env = {**harness_env(base_url, session), **PI_OFFLINE, "PI_CODING_AGENT_DIR": str(agent),
+           "PI_CODING_AGENT_SESSION_DIR": sessions}
+    return Launch([argv[0], *rest, "--provider", PI_PROVIDER, "--model", model], env)
+
+
+def pi_folder(cwd: Path) -> str:
+    """The folder name pi gives a working directory's sessions (`getDefaultSessionDir`)."""
+    return "--" + re.sub(r"[/\\:]", "-", str(cwd).lstrip("/\\")) + "--"
+
+
+def _drop_options(args: list[str], names: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """`args` without the options `names` (`--x V` or `--x=V`), and the values they had."""
+    rest, values, i = [], {}, 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in names and eq:
+            values[name] = value
+        elif name in names and i + 1 < len(args):
+            values[name] = args[i + 1]
+            i += 1
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest, values
+
+
+GEMINI_SETTINGS = {
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "ide": {"enabled": False},
+}
+"""Gemini CLI's settings for a recorded run: the API-key auth (with only `GOOGLE_GEMINI_BASE_URL` set, 0.61 picks
+its "gateway" auth, which headless mode then refuses), and its phone-home off: update checks (npm registry),
+usage statistics (Clearcut, play.googleapis.com), OpenTelemetry export, IDE companion discovery."""
+
+
+def gemini_env(base_url: str, session: str, home: Path) -> dict[str, str]:
+    """Gemini CLI 0.61: the Gemini API at `GOOGLE_GEMINI_BASE_URL`, key in `GEMINI_API_KEY` (sent as
+    `x-goog-api-key`), and `GEMINI_CLI_HOME` = `home`, whose `.gemini/settings.json` holds `GEMINI_SETTINGS`
+    (its chats go there too). Not the system settings file: Gemini CLI skips one whose parent folders are
+    writable by others, as /tmp is. The workspace is trusted, so headless `--yolo` may run tools."""
+    settings = home / ".gemini" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps(GEMINI_SETTINGS, indent=2))
+    return {**harness_env(base_url, session), "GOOGLE_GEMINI_BASE_URL": session_root(base_url, session),
+            "GEMINI_CLI_HOME": str(home), "GEMINI_CLI_TRUST_WORKSPACE": "true"}
+
+
+def gemini(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
+    return Launch(list(argv), gemini_env(base_url, session, scratch / "gemini"))
+
+
 LAUNCHERS: dict[str, Launcher] = {
     "claude": claude_code,
     "codex": codex,
+    "gemini": gemini,
+    "qwen": qwen_code,
+    "pi": pi,
     "mini": mini_swe_agent,
 }
 

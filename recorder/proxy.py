@@ -29,6 +29,7 @@ from .writer_process import RecorderFailure
 
 ANTHROPIC_API = "https://api.anthropic.com"
 OPENAI_API = "https://api.openai.com"
+GEMINI_API = "https://generativelanguage.googleapis.com"
 
 
 @dataclass
@@ -36,6 +37,7 @@ class RecorderConfig:
     out: Path
     upstream_anthropic: str = ANTHROPIC_API
     upstream_openai: str = OPENAI_API
+    upstream_gemini: str = GEMINI_API
     listen_host: str = "127.0.0.1"
     listen_port: int = 0
     forward: bool = False
@@ -48,7 +50,7 @@ class RecorderConfig:
 
     def __post_init__(self) -> None:
         # Validate here, so bad input is one clear line before any socket opens.
-        for url in (self.upstream_anthropic, self.upstream_openai):
+        for url in (self.upstream_anthropic, self.upstream_openai, self.upstream_gemini):
             Upstream(url)
         if self.redact_rules:
             Redactor.from_file(self.redact_rules)
@@ -147,6 +149,7 @@ def _configure(opts: options.Options, config: RecorderConfig) -> None:
         forge_session=config.session,
         forge_upstream_anthropic="" if config.forward else config.upstream_anthropic,
         forge_upstream_openai="" if config.forward else config.upstream_openai,
+        forge_upstream_gemini="" if config.forward else config.upstream_gemini,
         forge_redact_rules=config.redact_rules,
         forge_policy_version=config.policy_version,
         forge_labels=config.labels,

@@ -5,7 +5,7 @@
 
 The recorder needs no special case: the gateway is its upstream. Per call the
 gateway parses the request with the recorder's own codec (Anthropic
-Messages, OpenAI Responses, Chat Completions), renders the conversation with
+Messages, OpenAI Responses, Chat Completions, Gemini), renders the conversation with
 the tokenizer's chat template (`forgerl.schema.chat`), asks the policy for a
 completion of exactly those token ids, parses the generated text into
 reasoning / text / tool calls (`forgerl.schema.toolcalls`), and has the same
@@ -49,7 +49,7 @@ from forgerl.schema.messages import Exchange, Usage, canonical_json, sha256_hex
 from forgerl.schema.segments import ANSWER_HEADER, CONTINUES_HEADER
 from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, format_for_template, parse_generation
 
-from .apis import ANTHROPIC, CHAT, RESPONSES, codec_for
+from .apis import ANTHROPIC, CHAT, GEMINI, RESPONSES, codec_for
 from .apis.answer import Answer, Frame, new_id
 from .policy import Generation, Policy, PolicyError, Sampling
 
@@ -134,7 +134,7 @@ def _prefix_keys(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
 
 
 class PolicyGateway:
-    """An aiohttp app on loopback that answers Anthropic, Responses and Chat calls from a policy."""
+    """An aiohttp app on loopback that answers Anthropic, Responses, Chat and Gemini calls from a policy."""
 
     def __init__(self, policy: Policy, tokenizer: Any, served_model: str, sampling: Sampling | None = None,
                  fmt: ToolCallFormat | None = None,
@@ -187,7 +187,7 @@ class PolicyGateway:
         if request.path.rstrip("/").endswith("/messages/count_tokens"):
             return await self._count_tokens(body)
         codec = codec_for(request.path)
-        if codec not in (ANTHROPIC, RESPONSES, CHAT):
+        if codec not in (ANTHROPIC, RESPONSES, CHAT, GEMINI):
             return _error(404, f"serve mode does not answer {request.path}")
         exchange = codec.parse_request(body)
         try:
@@ -195,7 +195,7 @@ class PolicyGateway:
         except PolicyError as e:
             log.warning("policy failed: %s", e)
             return _error(502, str(e))
-        if not body.get("stream"):
+        if not _streamed(codec, request.path, body):
             return web.json_response(codec.render_response(answer, body), headers=prompt.headers())
         return await _stream(request, codec.render_stream(answer, body), prompt.headers())
 
@@ -237,6 +237,11 @@ class PolicyGateway:
         if asked is None or asked >= self.sampling.max_tokens:
             return self.sampling
         return replace(self.sampling, max_tokens=max(1, asked))
+
+
+def _streamed(codec: object, path: str, body: dict[str, Any]) -> bool:
+    """Gemini says it in the path (`:streamGenerateContent`), the others in the body."""
+    return path.endswith(":streamGenerateContent") if codec is GEMINI else bool(body.get("stream"))
 
 
 async def _stream(request: web.Request, frames: Iterator[Frame], headers: dict[str, str]) -> web.StreamResponse:

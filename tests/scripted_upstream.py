@@ -12,7 +12,10 @@ whatever a `Script` says the model "says" on each call:
   ``GET /v1/responses`` (Codex: one ``{"type": "response.create", ...}`` text
   frame in, the stream events out, one JSON text frame each);
 * OpenAI Chat Completions ``POST /v1/chat/completions``, legacy
-  ``POST /v1/completions`` and ``GET /v1/models``.
+  ``POST /v1/completions`` and ``GET /v1/models``;
+* the Gemini API: ``POST /v1beta/models/{model}:generateContent`` (JSON),
+  ``:streamGenerateContent`` (SSE, whatever the body says), ``:countTokens``
+  and ``GET /v1beta/models``.
 
 The answers are written by the product's codecs (`render_response`,
 `render_stream`), the writers serve mode answers harnesses with; this module
@@ -66,7 +69,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from forgerl.recorder.apis import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES
+from forgerl.recorder.apis import ANTHROPIC, CHAT, COMPLETIONS, GEMINI, RESPONSES
+from forgerl.recorder.apis.gemini import is_gemini_path, model_of
 from forgerl.recorder.apis.answer import Answer, Frame
 from forgerl.schema.messages import Usage
 from forgerl.schema.toolcalls import ParsedTurn
@@ -118,7 +122,7 @@ class Turn:
 
 @dataclass
 class Request:
-    api: str  # "anthropic" | "responses" | "chat" | "completions"
+    api: str  # "anthropic" | "responses" | "chat" | "completions" | "gemini"
     path: str  # without the /s/… and /fault/… prefixes and the query
     headers: dict[str, str]
     body: dict[str, Any]
@@ -165,14 +169,15 @@ def sequence(*turns: Turn) -> Script:
 
 def saw_tool_result(request: Request) -> bool:
     """Is the request's latest input a tool result (in any of the APIs)?"""
-    items = request.body.get("messages") or request.body.get("input") or []
+    items = request.body.get("messages") or request.body.get("input") or request.body.get("contents") or []
     last = items[-1] if isinstance(items, list) and items else {}
     if not isinstance(last, dict):
         return False
     if last.get("role") == "tool" or last.get("type") in ("function_call_output", "custom_tool_call_output"):
         return True
-    content = last.get("content")
-    return isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content)
+    content = last.get("content", last.get("parts"))
+    return isinstance(content, list) and any(isinstance(c, dict) and (c.get("type") == "tool_result"
+                                                                     or "functionResponse" in c) for c in content)
 
 
 def tool_loop(act: Turn, answer: Turn) -> Script:
@@ -192,14 +197,14 @@ def echo() -> Script:
 def last_user_text(request: Request) -> str:
     """The text of the last user message (or the prompt) of any of the APIs."""
     body = request.body
-    items = body.get("messages", body.get("input", body.get("prompt")))
+    items = body.get("messages", body.get("input", body.get("prompt", body.get("contents"))))
     if isinstance(items, str):
         return items
     for item in reversed(items if isinstance(items, list) else []):
         if isinstance(item, str):
             return item
         if isinstance(item, dict) and item.get("role") == "user":
-            content = item.get("content")
+            content = item.get("content", item.get("parts"))
             if isinstance(content, str):
                 return content
             parts = content if isinstance(content, list) else []
@@ -211,7 +216,7 @@ def last_user_text(request: Request) -> str:
 
 _WORD = re.compile(r"\s*\S+(?:\s+$)?")  # one word with the whitespace before it (and any after the last)
 _TEXT_KEYS = ("system", "instructions", "messages", "input", "prompt", "content", "text", "thinking", "output",
-              "arguments")  # where request text lives, in any of the APIs
+              "arguments", "systemInstruction", "contents", "parts")  # where request text lives, in any of the APIs
 
 
 def token_ids(text: str) -> list[int]:
@@ -282,7 +287,8 @@ def _answer_for(request: Request, turn: Turn, digest: str, created: int) -> Answ
     signature = None
     if said.reasoning is not None:
         signature = base64.b64encode(hashlib.sha256(said.reasoning.encode()).digest() * 2).decode()
-    return Answer(id=digest, model=str(request.body.get("model") or "scripted"), turn=said,
+    model = request.body.get("model") or (model_of(request.path) if request.api == "gemini" else None)
+    return Answer(id=digest, model=str(model or "scripted"), turn=said,
                   call_ids=tuple(call.id or f"{prefix}{digest[:22]}{i:02d}" for i, call in enumerate(spoken)),
                   usage=usage, finish=turn.finish, created=created, signature=signature,
                   prompt_token_ids=prompt_ids if want_ids else None,
@@ -297,7 +303,8 @@ def _prewarm(request: Request) -> bool:
 
 # --- faults ----------------------------------------------------------------------------------------
 
-_CODECS = {"anthropic": ANTHROPIC, "responses": RESPONSES, "chat": CHAT, "completions": COMPLETIONS}
+_CODECS = {"anthropic": ANTHROPIC, "responses": RESPONSES, "chat": CHAT, "completions": COMPLETIONS, "gemini": GEMINI}
+_GEMINI_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}
 _ANTHROPIC_ERRORS = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
                      500: "api_error"}
 _OPENAI_ERRORS = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_exceeded"}
@@ -308,6 +315,8 @@ def _error(api: str | None, status: int, message: str) -> dict[str, Any]:
     """An error body as the API sends it (Anthropic's for its two endpoints, OpenAI's otherwise)."""
     if api in ("anthropic", "count_tokens"):
         return {"type": "error", "error": {"type": _ANTHROPIC_ERRORS.get(status, "api_error"), "message": message}}
+    if api in ("gemini", "gemini_count", "gemini_models"):
+        return {"error": {"code": status, "message": message, "status": _GEMINI_STATUS.get(status, "INTERNAL")}}
     return _openai_error(_OPENAI_ERRORS.get(status, "server_error"), message)
 
 
@@ -325,6 +334,8 @@ def _error_frames(api: str, sent: list[Frame]) -> list[Frame]:
         failed = {**sent[0].data["response"], "status": "failed", "error": error}  # type: ignore[index]
         number = sent[-1].data["sequence_number"] + 1  # type: ignore[index]
         return [Frame("response.failed", {"type": "response.failed", "sequence_number": number, "response": failed})]
+    if api == "gemini":
+        return [Frame(None, _error("gemini", 500, "scripted fault: error_event"))]
     return [Frame(None, _openai_error("server_error", "scripted fault: error_event", 500)), Frame(None, "[DONE]")]
 
 
@@ -357,6 +368,9 @@ _PREFIX = re.compile(r"^/(s|fault)/([^/]+)(/.*)?$")
 _MODELS = {"object": "list", "has_more": False, "first_id": "scripted", "last_id": "scripted",
            "data": [{"id": "scripted", "object": "model", "type": "model", "created": 0, "owned_by": "forgerl",
                      "display_name": "Scripted", "created_at": "2025-01-01T00:00:00Z"}]}
+_GEMINI_MODELS = {"models": [{"name": "models/scripted", "displayName": "Scripted", "inputTokenLimit": 1048576,
+                              "outputTokenLimit": 65536,
+                              "supportedGenerationMethods": ["generateContent", "countTokens"]}]}
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _json: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -380,6 +394,12 @@ def _route(path: str) -> tuple[str, str, str | None]:
 
 def _endpoint(path: str) -> str | None:
     path = path.rstrip("/")
+    if is_gemini_path(path):
+        return "gemini"
+    if path.endswith(":countTokens"):
+        return "gemini_count"
+    if path.startswith(("/v1beta/models", "/v1alpha/models")) and ":" not in path:
+        return "gemini_models"
     return next((api for suffix, api in _ENDPOINTS if path.endswith(suffix)), None)
 
 
@@ -481,7 +501,8 @@ class ScriptedUpstream:
         session = session or headers.get("x-forge-session", "")
         api = _endpoint(path)
         is_ws = api == "responses" and request.method == "GET" and headers.get("upgrade", "").lower() == "websocket"
-        if api is None or fault == "unknown" or (request.method == "GET") != (api == "models" or is_ws):
+        listing = api in ("models", "gemini_models")
+        if api is None or fault == "unknown" or (request.method == "GET") != (listing or is_ws):
             return self._json(ex, 404, _error(api, 404, f"no model API at {request.method} {path}"))
         if fault in ("500", "429"):
             headers = {"retry-after": "1"} if fault == "429" else {}
@@ -497,19 +518,23 @@ class ScriptedUpstream:
             return self._json(ex, 400, _error(api, 400, f"unknown fault {fault!r}; known: {', '.join(FAULTS)}"))
         if api == "models":
             return self._json(ex, 200, _MODELS)
+        if api == "gemini_models":
+            return self._json(ex, 200, _GEMINI_MODELS)
         if is_ws:
             return await self._websocket(request, ex, path, session, fault)
         body = _json_object(ex.body or b"{}")
         if body is None:
             return self._json(ex, 400, _error(api, 400, "request body is not a JSON object"))
-        if api == "count_tokens":
-            return self._json(ex, 200, {"input_tokens": len(token_ids(_prompt_text(body)))})
+        if api in ("count_tokens", "gemini_count"):
+            key = "input_tokens" if api == "count_tokens" else "totalTokens"
+            return self._json(ex, 200, {key: len(token_ids(_prompt_text(body)))})
         try:
             answer = self._answer(Request(api, path, headers, body, session), ex.body, fault)
         except Exception as e:  # a broken script answers 500 and the server keeps serving
             return self._json(ex, 500, _error(api, 500, f"script failed: {e!r}"))
         codec = _CODECS[api]
-        if fault in _STREAM_FAULTS or (body.get("stream") is True and fault != "big"):
+        streamed = path.endswith(":streamGenerateContent") if api == "gemini" else body.get("stream") is True
+        if fault in _STREAM_FAULTS or (streamed and fault != "big"):
             return await self._stream(request, ex, _inject(codec.render_stream(answer, body, self._pieces), fault, api))
         return self._json(ex, 200, codec.render_response(answer, body))
 

@@ -12,18 +12,19 @@ from dataclasses import replace
 
 import pytest
 
-from forgerl.recorder.apis import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES
+from forgerl.recorder.apis import ANTHROPIC, CHAT, COMPLETIONS, GEMINI, RESPONSES
 from forgerl.recorder.apis.answer import Answer, Frame, chunks
 from forgerl.recorder.sse import SSEDecoder
 from forgerl.schema.messages import Exchange, Usage
 from forgerl.schema.toolcalls import ParsedTurn, ToolCall
 
-PREFIX = {"anthropic": "msg_", "responses": "resp_", "chat": "chatcmpl-", "completions": "cmpl-"}
+PREFIX = {"anthropic": "msg_", "responses": "resp_", "chat": "chatcmpl-", "completions": "cmpl-", "gemini": ""}
 # The wire's stop reason for (finish, has tool calls), as each API says it.
 STOPS = {"anthropic": {("stop", False): "end_turn", ("stop", True): "tool_use", ("length", False): "max_tokens"},
          "responses": {("stop", False): "completed", ("stop", True): "completed", ("length", False): "max_output_tokens"},
          "chat": {("stop", False): "stop", ("stop", True): "tool_calls", ("length", False): "length"},
-         "completions": {("stop", False): "stop", ("length", False): "length"}}
+         "completions": {("stop", False): "stop", ("length", False): "length"},
+         "gemini": {("stop", False): "STOP", ("stop", True): "STOP", ("length", False): "MAX_TOKENS"}}
 CALLS = (ToolCall("get_weather", {"city": "Paris", "unit": "°C"}), ToolCall("Bash", {"command": "ls -la", "n": [1, 2]}))
 TOKENS = dict(prompt_token_ids=[5, 6, 7], completion_token_ids=[11, 12, 13, 2], completion_logprobs=[-0.5, 0.0, -1.25, -0.01])
 REQUEST = {"stream_options": {"include_usage": True}, "tools": [{"type": "function", "name": "get_weather"}],
@@ -40,8 +41,9 @@ def answer(api: str, reasoning: str | None = "Two cities,\ntwo calls.", text: st
         reasoning, calls = None, ()
     return Answer(id="0123abcd", model="m-1", turn=ParsedTurn(reasoning, text, calls),
                   call_ids=tuple(f"call_{i}" for i in range(len(calls))), usage=usage, finish=finish,
-                  created=0 if api == "anthropic" else 1_700_000_000,
-                  signature="c2lnbmF0dXJl" if reasoning is not None and api in ("anthropic", "responses") else None,
+                  created=0 if api in ("anthropic", "gemini") else 1_700_000_000,
+                  signature="c2lnbmF0dXJl" if reasoning is not None and api in ("anthropic", "responses", "gemini")
+                  else None,
                   **(TOKENS if tokens else {}))
 
 
@@ -60,7 +62,8 @@ def read_answer(codec, body: dict) -> Answer:
                       tuple(ToolCall(c.tool_name, json.loads(c.arguments)) for c in calls))
     finish = next(f for (f, has_calls), wire in STOPS[codec.name].items()
                   if wire == exchange.stop_reason and has_calls == bool(calls))
-    return Answer(id=body["id"].removeprefix(PREFIX[codec.name]), model=exchange.model_returned, turn=turn,
+    return Answer(id=body.get("id", body.get("responseId")).removeprefix(PREFIX[codec.name]),
+                  model=exchange.model_returned, turn=turn,
                   call_ids=tuple(c.call_id for c in calls), usage=exchange.usage, finish=finish,
                   created=body.get("created", body.get("created_at", 0)),
                   signature=reasoning[0].signature if reasoning else None,
@@ -94,7 +97,7 @@ VARIANTS = {
     "text only, no token ids": dict(reasoning=None, calls=(), tokens=False),
     "nothing said": dict(reasoning=None, text="", calls=(), tokens=False),
 }
-CODECS = [ANTHROPIC, RESPONSES, CHAT, COMPLETIONS]
+CODECS = [ANTHROPIC, RESPONSES, CHAT, COMPLETIONS, GEMINI]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -185,3 +188,22 @@ def test_logprobs_need_the_token_ids():
         replace(answer("chat"), completion_token_ids=None)
     with pytest.raises(ValueError):
         replace(answer("chat"), call_ids=("only one",))
+
+
+def test_gemini_stream_has_the_documented_shape():
+    """Data-only frames, each with the model version and response id; text in pieces, each call whole;
+    only the last says the finish reason and usage (thoughts counted apart) and carries the extension."""
+    said = answer("gemini")
+    frames = list(GEMINI.render_stream(said, {}, one_char))
+    assert all(frame.event is None and frame.data["responseId"] == "0123abcd" for frame in frames)
+    parts = [part for frame in frames for part in frame.data["candidates"][0]["content"]["parts"]]
+    assert [part["functionCall"]["name"] for part in parts if "functionCall" in part] == ["get_weather", "Bash"]
+    assert [part.get("thoughtSignature") for part in parts if part.get("thought")][-1] == "c2lnbmF0dXJl"
+    assert sum("thoughtSignature" in part for part in parts) == 1
+    assert [("finishReason" in f.data["candidates"][0], "usageMetadata" in f.data) for f in frames[:-1]] == \
+        [(False, False)] * (len(frames) - 1)
+    last = frames[-1].data
+    assert last["candidates"][0]["finishReason"] == "STOP" and last["forge"]["completion_token_ids"] == TOKENS[
+        "completion_token_ids"]
+    assert last["usageMetadata"] == {"promptTokenCount": 1100, "candidatesTokenCount": 35, "totalTokenCount": 1142,
+                                     "cachedContentTokenCount": 1000, "thoughtsTokenCount": 7}

@@ -13,6 +13,8 @@ from scripted_upstream import ToolCall, Turn, sequence
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+GEMINI = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+GENERATE, STREAM = "/v1beta/models/m:generateContent", "/v1beta/models/m:streamGenerateContent?alt=sse"
 
 
 def call(base: str, path: str, body: dict, fault: str | None, timeout: float = 10.0):
@@ -37,10 +39,18 @@ CASES = [
     ("error_event", "/v1/chat/completions", {**CHAT, "stream": True}, "error"),
     ("big", "/v1/chat/completions", CHAT, None),
     ("reset", "/v1/messages", {**MESSAGES, "stream": True}, ""),
+    # The same seven faults on the Gemini API.
+    ("500", GENERATE, GEMINI, "HTTP 500"),
+    ("429", STREAM, GEMINI, "HTTP 429"),
+    ("malformed", STREAM, GEMINI, "malformed"),
+    ("nonjson", GENERATE, GEMINI, "not JSON"),
+    ("error_event", STREAM, GEMINI, "INTERNAL: scripted fault"),
+    ("big", GENERATE, GEMINI, None),
+    ("reset", STREAM, GEMINI, ""),
 ]
 
 
-@pytest.mark.parametrize("fault,path,body,recorded", CASES, ids=[f"{c[0]}-{c[1].split('/')[-1]}" for c in CASES])
+@pytest.mark.parametrize("fault,path,body,recorded", CASES, ids=[f"{c[0]}-{c[1].split('/')[-1].split('?')[0]}" for c in CASES])
 def test_fault_is_transparent_and_recorded(scripted, recorder, fault, path, body, recorded):
     up = scripted()
     rec = recorder(up.url)

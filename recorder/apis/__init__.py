@@ -1,6 +1,6 @@
 """API codecs: each model API's wire format to the canonical message model and back.
 
-A codec (`anthropic`, `responses`, `chat`, `completions`) parses a request
+A codec (`anthropic`, `responses`, `chat`, `completions`, `gemini`) parses a request
 body into an `Exchange` and renders it back exactly, reassembles a stream
 into the body the non-streaming call would have returned, and reads that
 body's output, usage and errors. The other way, it writes an `Answer` (one
@@ -19,11 +19,13 @@ from forgerl.recorder.apis.answer import Answer, Frame, Pieces
 from forgerl.recorder.apis.anthropic import CODEC as ANTHROPIC
 from forgerl.recorder.apis.chat import CODEC as CHAT
 from forgerl.recorder.apis.completions import CODEC as COMPLETIONS
+from forgerl.recorder.apis.gemini import CODEC as GEMINI
+from forgerl.recorder.apis.gemini import is_gemini_path
 from forgerl.recorder.apis.responses import CODEC as RESPONSES
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange
 
-__all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "RESPONSES", "Codec", "StreamAssembler", "codec_for"]
+__all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "GEMINI", "RESPONSES", "Codec", "StreamAssembler", "codec_for"]
 
 
 class StreamAssembler(Protocol):
@@ -44,7 +46,7 @@ class StreamAssembler(Protocol):
 
 
 class Codec(Protocol):
-    name: str  # "anthropic" | "responses" | "chat" | "completions"
+    name: str  # "anthropic" | "responses" | "chat" | "completions" | "gemini"
 
     def parse_request(self, body: dict[str, Any]) -> Exchange:
         """input (system prompts first), params (the rest of the body), tools, model_requested, blobs."""
@@ -69,7 +71,8 @@ class Codec(Protocol):
         ...
 
 
-# Matched on the path's last segments, so any prefix ("/v1", "/openai/v1", a gateway's) works.
+# Matched on the path's last segments, so any prefix ("/v1", "/openai/v1", a gateway's) works;
+# Gemini's on the method after the model (`models/{model}:generateContent`).
 _BY_SUFFIX: tuple[tuple[tuple[str, ...], Codec], ...] = (
     (("chat", "completions"), CHAT),
     (("completions",), COMPLETIONS),
@@ -80,6 +83,8 @@ _BY_SUFFIX: tuple[tuple[tuple[str, ...], Codec], ...] = (
 
 def codec_for(path: str) -> Codec | None:
     """The codec for a request path (session prefix already stripped; query string ignored)."""
+    if is_gemini_path(path):
+        return GEMINI
     segments = tuple(segment for segment in path.split("?", 1)[0].split("/") if segment)
     for suffix, codec in _BY_SUFFIX:
         if segments[-len(suffix):] == suffix:
