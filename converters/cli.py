@@ -69,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--min-turns", type=int, help="samples with at least this many model calls")
     f.add_argument("--max-turns", type=int, help="samples with at most this many model calls")
     p.add_argument("--no-dedupe", action="store_true", help="keep identical samples")
+    p.add_argument("--allow-tools-absent", action="store_true",
+                   help="emit training rows whose tool calls come without tool definitions (calls.tools_absent); "
+                        "refused by default, counted in the manifest either way")
     p.add_argument("--val-fraction", type=float, default=0.05, help="share of sessions in val/ (default 0.05)")
     p.add_argument("--shard-mb", type=int, default=128, help="target shard size in MB (default 128)")
     p.add_argument("--agent-name", default="forgerl_harness", help="agent_name of verl-rl rows")
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(target=args.to, mode=args.mode, tokenizer=args.tokenizer, harnesses=frozenset(args.harness),
                    filters=filters, val_fraction=args.val_fraction, dedupe=not args.no_dedupe,
                    tokens_from=args.tokens_from, shard_bytes=args.shard_mb * 1024 * 1024, agent_name=args.agent_name,
-                   max_length=args.max_length, drift=args.drift, progress=not args.no_progress)
+                   max_length=args.max_length, drift=args.drift, progress=not args.no_progress,
+                   allow_tools_absent=args.allow_tools_absent)
     return run_verb("forge-convert", lambda: _convert(args, opts))
 
 

@@ -46,6 +46,10 @@ class UsageError(UserError, ValueError):
     """Options that do not fit together."""
 
 
+class ToolsAbsentError(UserError, ValueError):
+    """Training rows would hold tool calls whose definitions the requests never sent."""
+
+
 @dataclass
 class Options:
     target: str
@@ -61,6 +65,7 @@ class Options:
     max_length: int = 32768
     drift: str = "sample"
     progress: bool = True
+    allow_tools_absent: bool = False
 
 
 def check_options(opts: Options) -> None:
@@ -141,6 +146,10 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
         counts["sessions"] += 1
         counts["segments"] += len(segments)
         counts.update(f"segments_{s.reason}" for s in segments)
+        for seg in segments:
+            absent = sum(bool(call.row.get("tools_absent")) for call in seg.calls)
+            counts["tools_absent_calls"] += absent
+            counts["tools_absent_segments"] += absent > 0
         split = split_of(session.session_id, opts.val_fraction)
         if opts.target == "atif":
             output.path(split).mkdir(exist_ok=True)
@@ -171,6 +180,7 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
     if seen is not None:
         seen.close()
     files = writers.close()
+    _check_tools_absent(opts, counts)
     if counts["sessions"] == 0:
         raise UsageError("nothing to convert: no session passed the filters" if dropped
                          else "nothing to convert: the dataset has no trainable calls")
@@ -183,10 +193,21 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
         "tokenizer": None if renderer is None else {"name": opts.tokenizer,
                                                      "sha256": tokenizer_hash(renderer.tokenizer)},
         "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from,
-                    "drift": opts.drift, "harnesses": sorted(opts.harnesses)},
+                    "drift": opts.drift, "harnesses": sorted(opts.harnesses),
+                    "allow_tools_absent": opts.allow_tools_absent},
         "counts": dict(counts), "dropped": dict(dropped), "files": files,
         "drift": drift.to_dict() if renderer is not None else None,
     }
+
+
+def _check_tools_absent(opts: Options, counts: Counter) -> None:
+    """Refuse training rows whose tool calls come without the tools' definitions, unless asked for them."""
+    if counts["tools_absent_calls"] and opts.target != "atif" and not opts.allow_tools_absent:
+        raise ToolsAbsentError(
+            f"{counts['tools_absent_calls']} calls in {counts['tools_absent_segments']} segments hold tool calls but "
+            f"their requests defined no tools (calls.tools_absent; e.g. Codex run with its own default model): "
+            f"record with a named model, leave those sessions out (--harness, --since), or pass "
+            f"--allow-tools-absent to emit them without definitions")
 
 
 def _rows(opts: Options, renderer: Renderer | None, sample, drift: DriftReport, counts: Counter, root: Path):

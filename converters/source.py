@@ -41,7 +41,7 @@ CALL_COLUMNS = ("call_id", "session_id", "seq", "api", "status", "error", "compl
                 "cache_read_tokens", "tools", "request_params", "input_refs", "input_msg", "input_roles",
                 "input_extra", "output_refs", "output_msg", "output_roles", "output_extra", "prompt_token_ids",
                 "completion_token_ids", "completion_logprobs", "policy_version", "segment_index", "segment_reason",
-                "parent_segment", "parent_position", "continues_call")
+                "parent_segment", "parent_position", "continues_call", "tools_absent")
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 # Every call resends the history's ids and the tool schemas (Claude Code: ~60 kB of JSON), so those columns
 # are most of a calls file. DuckDB sorts the rest, with each row's file and row number; the heavy columns

@@ -14,6 +14,9 @@ version; their tables did not change.
   place in its session's threads (`schema/segments.py`, computed from the
   stored calls and parts in recording order), and every `sessions` row the
   rank of the evidence that named its harness.
+- `m003_tools_absent` (v2 -> v3): every call says whether it holds tool calls
+  or results while its request defined no tools (`segments.tools_absent`,
+  from the stored tools and the part types its refs point at).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .records import MessageMemo
-from .segments import NO_PLACE, SessionThreads
+from .segments import NO_PLACE, TOOL_PARTS, SessionThreads, tools_absent
 from .sessions import PLACE_COLUMNS
 from .store import (SchemaVersionError, atomic_write_table, conform, data_files, live_writers, maintenance_lock,
                     read_manifest, write_manifest)
@@ -119,6 +122,34 @@ def _m002(root: Path) -> None:
         atomic_write_table(path, table, "sessions", 2)
 
 
+# ------------------------------------------------------------------ v2 -> v3
+
+
+def _tool_parts(root: Path) -> dict[tuple[str, str], str]:
+    """(session id, part hash) -> part type of every stored tool call or tool result part."""
+    parts = data_files(root, "messages")
+    if not parts:
+        return {}
+    kinds = ", ".join(f"'{t}'" for t in sorted(TOOL_PARTS))
+    rows = duckdb.connect().sql(f"SELECT DISTINCT session_id, part_hash, part_type FROM read_parquet({parts!r}, "
+                                f"union_by_name=true) WHERE part_type IN ({kinds})").fetchall()
+    return {(sid, digest): kind for sid, digest, kind in rows}
+
+
+def _m003(root: Path) -> None:
+    tool_parts = _tool_parts(root)
+    for path in map(Path, data_files(root, "calls")):
+        table = conform(pq.read_table(path), TABLES["calls"])
+        columns = table.select(["session_id", "tools", "input_refs", "output_refs"]).to_pylist()
+        flags = [None if row["input_refs"] is None else tools_absent(
+            row["tools"], (tool_parts.get((row["session_id"], h), "") for h in
+                           [*row["input_refs"], *(row["output_refs"] or [])])) for row in columns]
+        table = table.set_column(table.schema.get_field_index("tools_absent"), "tools_absent",
+                                 pa.array(flags, pa.bool_()))
+        atomic_write_table(path, table, "calls", 3)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m002_segments_and_harness_rank", 1, _m002),
+    Migration("m003_tools_absent", 2, _m003),
 )

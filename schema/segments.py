@@ -27,7 +27,8 @@ Messages are compared by their stored forms first (equal part hashes), then
 by their chat-template form without reasoning (some harnesses drop earlier
 reasoning when resending) and without vendor hints (cache_control moves).
 Only calls that hold a model turn are placed (`trainable`); the others get no
-segment. The recorder's writer, the v1 → v2 migration and nothing else call
+segment. Decided at the same time: `tools_absent`, a call whose messages hold
+tool calls or results while its request defined no tools. The recorder's writer, the v1 → v2 migration and nothing else call
 `SessionThreads.place`; converters, the agent loop and the analysis views
 read the stored columns.
 """
@@ -35,7 +36,7 @@ read the stored columns.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -101,6 +102,16 @@ def tools_key(tools_json: str | None) -> str:
     """A digest of the offered tools' canonical JSON: equal digests, equal tool sets (a harness sends the
     same text on every call, so each distinct text is parsed once)."""
     return sha256_hex(canonical_json(json.loads(tools_json) if tools_json else []))
+
+
+TOOL_PARTS = frozenset({"tool_call", "tool_result"})
+
+
+def tools_absent(tools_json: str | None, part_types: Iterable[str]) -> bool:
+    """Tool calls or results among a call's parts while its request defined no tools: a training row would
+    teach calls to tools the model was never shown (Codex 0.171 with its own default model keeps its tool
+    catalogue server-side)."""
+    return tools_key(tools_json) == tools_key(None) and any(t in TOOL_PARTS for t in part_types)
 
 
 def served_link(row: Mapping[str, Any]) -> tuple[str, str | None] | None:

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from forgerl.errors import UserError
 
 from .records import CallRecord, call_forms, call_rows
-from .segments import NO_PLACE, SessionThreads
+from .segments import NO_PLACE, SessionThreads, tools_absent
 from .tables import SCHEMA_VERSION, TABLES
 
 MANIFEST = "forgerl.json"
@@ -409,14 +409,15 @@ class DatasetWriter:
 
 
 def place_call(threads: SessionThreads, row: dict, record: CallRecord) -> dict:
-    """The segment columns of a `calls` row, from the record's own messages."""
+    """The segment columns and `tools_absent` of a `calls` row, from the record's own messages."""
     ex = record.exchange
     if ex is None:
         return dict(NO_PLACE)
     by_form = dict(zip(call_forms(row, "input"), ex.input))
     by_form.update(zip(call_forms(row, "output"), ex.output))
     placement = threads.place(row, by_form.__getitem__)
-    return placement.columns() if placement else dict(NO_PLACE)
+    return {**(placement.columns() if placement else NO_PLACE),
+            "tools_absent": tools_absent(row.get("tools"), (p.type for m in (*ex.input, *ex.output) for p in m.parts))}
 
 
 def recover(root: Path) -> int:

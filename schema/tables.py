@@ -16,7 +16,8 @@ each part's message index, `input_roles` each message's role and
 `input_extra` each message's vendor layout hints (JSON or null); output the same.
 Each trainable call carries its place in the session's threads (`schema/segments.py`,
 computed once as the call is written): segment index, why the segment started,
-its parent segment, and the call it continues.
+its parent segment, and the call it continues; and whether it holds tool calls
+while its request defined no tools (`tools_absent`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pyarrow as pa
 if TYPE_CHECKING:  # importing `datasets` costs ~2 s; only `features()` needs it
     import datasets
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 TS = pa.timestamp("us", tz="UTC")
 
 SESSIONS = pa.schema([
@@ -91,6 +92,7 @@ CALLS = pa.schema([
     ("parent_segment", pa.int32()),
     ("parent_position", pa.int32()),
     ("continues_call", pa.string()),
+    ("tools_absent", pa.bool_()),
 ])
 
 MESSAGES = pa.schema([
@@ -167,6 +169,9 @@ COLUMN_DOCS: dict[str, str] = {
     "calls.parent_segment": "the segment this one came from (its reward reaches it too); null for roots",
     "calls.parent_position": "how many of the parent's calls preceded this segment's first call",
     "calls.continues_call": "the call whose conversation (and token ids, when served) this call extends",
+    "calls.tools_absent": "the input or output holds tool calls or results, but the request defined no tools "
+                          "(Codex with its own default model): no training row can show the model their "
+                          "definitions; null for calls recorded without a parsed exchange",
     "outcomes.status": "success | failed (graded, reward < 1 or harness error) | timeout | infra_error "
                        "(never scored: retried, then discarded from training and pass@k)",
     "outcomes.reward": "weighted mean of the graded parts, in [0, 1]; null for infra_error",

@@ -13,7 +13,7 @@ import pytest
 
 from forgerl.analysis import connect
 from forgerl.schema import segments, store, tables
-from forgerl.schema.records import MessageMemo
+from forgerl.schema.records import MessageMemo, call_messages
 
 from conftest import REPO
 
@@ -39,9 +39,10 @@ def _verb(*args: str) -> str:
 def test_every_verb_reads_a_v1_dataset_and_they_agree(v1, tmp_path):
     listed = json.loads(_verb("forge-record", "ls", str(v1), "--json"))  # the first reader upgrades it
     manifest = json.loads((v1 / store.MANIFEST).read_text())
-    assert manifest["schema_version"] == tables.SCHEMA_VERSION == 2
-    assert manifest["migrations"] == ["m002_segments_and_harness_rank"]
-    assert all(store.file_version(Path(p)) == 2 for t in ("calls", "sessions") for p in store.data_files(v1, t))
+    assert manifest["schema_version"] == tables.SCHEMA_VERSION == 3
+    assert manifest["migrations"] == ["m002_segments_and_harness_rank", "m003_tools_absent"]
+    assert all(store.file_version(Path(p)) == 3 for p in store.data_files(v1, "calls"))
+    assert all(store.file_version(Path(p)) == 2 for p in store.data_files(v1, "sessions"))
 
     calls = store.read_table(v1, "calls")
     sessions = store.read_table(v1, "sessions")
@@ -60,7 +61,7 @@ def test_every_verb_reads_a_v1_dataset_and_they_agree(v1, tmp_path):
     out = tmp_path / "atif"
     _verb("forge-convert", str(v1), "--to", "atif", "--out", str(out))
     converted = json.loads((out / "manifest.json").read_text())
-    assert converted["input"]["schema_version"] == 2
+    assert converted["input"]["schema_version"] == 3
     segment_ids = {f"{s}:{i}" for s, i in zip(calls.column("session_id").to_pylist(),
                                              calls.column("segment_index").to_pylist()) if i is not None}
     assert converted["counts"]["segments"] == len(segment_ids) == 24
@@ -91,6 +92,25 @@ def test_the_migration_places_calls_as_the_segmenter_does(v1):
     assert ranks == {"claude-code": 2, "codex": 2, "openai-python": 1}  # v1 named SDKs, not harnesses
 
 
+def test_the_migration_flags_tool_calls_without_tools(v1):
+    """m003: `tools_absent` is what the writer decides from a call's messages, for every upgraded call."""
+    store.open_dataset(v1)
+    parts = {}
+    for row in store.read_table(v1, "messages").to_pylist():
+        parts.setdefault(row["session_id"], {})[row["part_hash"]] = row["part"]
+    calls = store.read_table(v1, "calls").to_pylist()
+    memo = MessageMemo()
+    flagged = 0
+    for call in calls:
+        messages = [*call_messages(call, parts[call["session_id"]], "input", memo),
+                    *call_messages(call, parts[call["session_id"]], "output", memo)]
+        expected = segments.tools_absent(call["tools"], (p.type for m in messages for p in m.parts))
+        assert call["tools_absent"] is expected, call["call_id"]
+        flagged += expected
+    with_tools = sum(bool(c["tools"] and c["tools"] != "[]") for c in calls)
+    assert with_tools and flagged < len(calls)
+
+
 def test_an_upgrade_waits_for_live_writers(v1):
     """A writer still recording v1 files would leave the dataset mixed: the upgrade refuses, clearly."""
     (v1 / "_writers").mkdir(exist_ok=True)
@@ -102,5 +122,6 @@ def test_an_upgrade_waits_for_live_writers(v1):
         assert all(store.file_version(Path(p)) == 1 for p in store.data_files(v1, "calls"))
     finally:
         held.release()
-    assert pq.read_schema(store.data_files(v1, "calls")[0]).names == tables.CALLS.names[:-5]
+    assert pq.read_schema(store.data_files(v1, "calls")[0]).names == [
+        n for n in tables.CALLS.names if n not in (*segments.NO_PLACE, "tools_absent")]
     assert store.read_table(v1, "calls").schema == tables.CALLS
