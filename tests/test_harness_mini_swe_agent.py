@@ -165,3 +165,19 @@ def test_served_by_the_policy(tmp_path):
         assert tok.decode(call["completion_token_ids"][:-1], skip_special_tokens=False) == text
     held = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
     assert calls[1]["prompt_token_ids"][:len(held)] == held, "the second turn re-tokenised the history"
+
+
+def test_analysis_sees_its_bash_actions_as_shell(recorded):
+    """mini's actions are `bash` tool calls (v2): the analysis counts them as shell, `cat` as a re-read check."""
+    from forgerl.analysis import connect
+
+    _, _, data = recorded
+    con = connect(data)
+    kinds = con.execute("SELECT tool_name, kind, command FROM tool_calls WHERE session_id = 'mi' "
+                        "ORDER BY turn, pos").fetchall()
+    assert [(name, kind) for name, kind, _ in kinds] == [("bash", "shell")] * 3
+    assert [command for _, _, command in kinds] == LOOP
+    cur = con.execute("SELECT * FROM session_metrics WHERE session_id = 'mi'")
+    m = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    assert m["harness"] == "mini-swe-agent" and m["tool_calls"] == 3
+    assert (m["tools_offered"], m["tools_used"]) == (1, 1)
