@@ -35,6 +35,14 @@ TOOL_KINDS: dict[str, str] = {
     "edit": "write", "write": "write", "file_write": "write",
     "glob": "search", "grep": "search", "memory_search": "search",
     "browser": "web", "http_request": "web",
+    # Qwen Code 0.24.4 (ToolNames in its bundle; read_file, edit, glob, exec, web_fetch, web_search as above).
+    # `agent` is its subagent tool; `todo_write` (off unless tools.todoWrite.enabled) its plan.
+    "run_shell_command": "shell", "write_file": "write", "notebook_edit": "write",
+    "list_directory": "read", "zoom_image": "read", "grep_search": "search",
+    "todo_write": "plan", "enter_plan_mode": "plan", "exit_plan_mode": "plan", "task_create": "plan",
+    "task_update": "plan", "task_list": "plan", "agent": "subagent",
+    # pi 0.73.1 (built-in tools; read, edit, write, grep as above)
+    "bash": "shell", "find": "search", "ls": "read",
     # Subagent tools of every harness: one list, which the thread segmenter also reads.
     **{name: "subagent" for name in SUBAGENT_TOOLS},
 }
@@ -117,7 +125,7 @@ PRICES: tuple[tuple[str, float, float, float, float], ...] = (
 # state): tool name -> JSON path of the items, each with a `status`. Task tools create items one
 # call at a time (ids 1, 2, ... in creation order, as Claude Code numbers them) and update them
 # by `taskId`.
-PLAN_SNAPSHOTS: dict[str, str] = {"TodoWrite": "$.todos", "update_plan": "$.plan"}
+PLAN_SNAPSHOTS: dict[str, str] = {"TodoWrite": "$.todos", "update_plan": "$.plan", "todo_write": "$.todos"}
 PLAN_CREATE: tuple[str, ...] = ("TaskCreate",)
 PLAN_UPDATE: tuple[str, ...] = ("TaskUpdate",)
 PLAN_DONE = "completed"

@@ -75,7 +75,9 @@ HARNESSES: tuple[Harness, ...] = (
             tools=(frozenset({"bash", "read", "glob", "grep", "webfetch"}),)),
     Harness("qwen-code", user_agents=("qwencode/",), headers=(("x-dashscope-useragent", "qwencode"),),
             prompts=("You are Qwen Code, ",),
-            tools=(frozenset({"run_shell_command", "read_file", "edit", "todo_write"}),)),
+            # 0.24 offers todo_write only when tools.todoWrite.enabled; its default set has `agent` instead
+            tools=(frozenset({"run_shell_command", "read_file", "edit", "todo_write"}),
+                   frozenset({"run_shell_command", "read_file", "edit", "write_file", "agent"}))),
     Harness("gemini-cli", user_agents=("geminicli/",),
             prompts=("You are Gemini CLI, ", "CLI agent specializing in software engineering tasks"),
             tools=(frozenset({"run_shell_command", "read_file", "replace"}),)),

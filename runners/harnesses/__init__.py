@@ -14,9 +14,12 @@ from .claude_code import ClaudeCode
 from .codex import Codex
 from .mini_swe_agent import MiniSweAgent
 from .openclaw import OpenClaw
+from .pi import Pi
+from .qwen_code import QwenCode
 from .zeroclaw import ZeroClaw
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), Codex(), OpenClaw(), ZeroClaw(), MiniSweAgent())}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), Codex(), OpenClaw(), ZeroClaw(), QwenCode(), Pi(),
+                                                    MiniSweAgent())}
 
 
 def get_harness(name: str) -> Harness:
