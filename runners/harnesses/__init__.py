@@ -12,6 +12,7 @@ from __future__ import annotations
 from .base import Harness, HarnessError, RunContext, find_cli
 from .claude_code import ClaudeCode
 from .codex import Codex
+from .gemini_cli import GeminiCli
 from .mini_swe_agent import MiniSweAgent
 from .openclaw import OpenClaw
 from .pi import Pi
@@ -19,7 +20,7 @@ from .qwen_code import QwenCode
 from .zeroclaw import ZeroClaw
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), Codex(), OpenClaw(), ZeroClaw(), QwenCode(), Pi(),
-                                                    MiniSweAgent())}
+                                                    MiniSweAgent(), GeminiCli())}
 
 
 def get_harness(name: str) -> Harness:
