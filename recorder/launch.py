@@ -164,6 +164,80 @@ def gemini(argv: list[str], base_url: str, session: str, scratch: Path) -> Launc
     return Launch(list(argv), gemini_env(base_url, session, scratch / "gemini"))
 
 
+OPENCODE_PROVIDER = "forgerl"
+OPENCODE_OFFLINE = {"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
+                    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
+"""OpenCode 1.18's phone-home off: the models.dev catalogue, the update check, language-server downloads and
+session sharing (names from its `RuntimeFlags`)."""
+
+
+def opencode_config(base_url: str, session: str, model: str) -> dict:
+    """OpenCode's config (`OPENCODE_CONFIG_CONTENT`): one `@ai-sdk/openai-compatible` provider at the session,
+    its key read from `OPENAI_API_KEY` when called, as the default model; every permission granted (headless
+    runs cannot ask), no auto-update, no sharing, no git snapshots of the workspace (kept for undo only)."""
+    return {"provider": {OPENCODE_PROVIDER: {
+                "npm": "@ai-sdk/openai-compatible", "name": OPENCODE_PROVIDER,
+                "options": {"baseURL": f"{session_root(base_url, session)}/v1", "apiKey": "{env:OPENAI_API_KEY}"},
+                "models": {model: {"name": model, "tool_call": True}}}},
+            "model": f"{OPENCODE_PROVIDER}/{model}", "permission": "allow", "autoupdate": False, "share": "disabled",
+            "snapshot": False}
+
+
+def opencode_env(base_url: str, session: str, model: str, config_home: Path, workdir: Path) -> dict[str, str]:
+    """OpenCode aimed at the session, working in `workdir` (it reads `PWD` before its real working directory),
+    its global config folder `config_home/opencode` (`XDG_CONFIG_HOME`, so the user's own config and plugins
+    stay out of the recording). OpenCode 1.18 runs `npm install @opencode-ai/plugin` in the background in every
+    config folder whose lock file lacks it; the folder is seeded with that lock file and an empty
+    `node_modules`, so it finds nothing to do and fetches nothing."""
+    folder = config_home / "opencode"
+    (folder / "node_modules").mkdir(parents=True, exist_ok=True)
+    lock = {"packages": {"": {"dependencies": {"@opencode-ai/plugin": "*"}}}}
+    (folder / "package-lock.json").write_text(json.dumps(lock))
+    return {**harness_env(base_url, session), **OPENCODE_OFFLINE, "XDG_CONFIG_HOME": str(config_home),
+            "PWD": str(workdir), "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(base_url, session, model))}
+
+
+def opencode(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
+    """`-m M` (or `provider/M`) names the upstream model, served as `forgerl/M` (the config's default)."""
+    rest, given = _drop_options(argv[1:], ("-m", "--model"))
+    model = (given.get("-m") or given.get("--model") or "policy").split("/", 1)[-1]
+    return Launch([argv[0], *rest], opencode_env(base_url, session, model, scratch / "opencode-config", Path.cwd()))
+
+
+OPENCLAW_PROVIDER = "forgerl"
+
+
+def openclaw_config(base_url: str, session: str, model: str, workspace: Path) -> dict:
+    """OpenClaw 2026.9's `openclaw.json`: one Chat Completions provider at the session (its key read from
+    `OPENAI_API_KEY`, the variable's name written, not its value) as the default model, the workspace left as
+    it is (no AGENTS.md/SOUL.md/... bootstrap files), and its phone-home off: memory search (embeddings from
+    api.openai.com on every session update), the daily update check and feature statistics
+    (telemetry.openclaw.ai)."""
+    return {"models": {"providers": {OPENCLAW_PROVIDER: {
+                "baseUrl": f"{session_root(base_url, session)}/v1", "api": "openai-completions",
+                "apiKey": "${OPENAI_API_KEY}", "models": [{"id": model, "name": model}]}}},
+            "agents": {"defaults": {"model": {"primary": f"{OPENCLAW_PROVIDER}/{model}"},
+                                    "workspace": str(workspace), "skipBootstrap": True}},
+            "memory": {"search": {"enabled": False}},
+            "update": {"checkOnStart": False}, "telemetry": {"enabled": False}}
+
+
+def openclaw_env(base_url: str, session: str, model: str, workspace: Path, state: Path) -> dict[str, str]:
+    """OpenClaw with its state folder (config, agents' SQLite transcripts) at `state`."""
+    config = state / "openclaw.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(openclaw_config(base_url, session, model, workspace), indent=2))
+    return {**harness_env(base_url, session), "OPENCLAW_STATE_DIR": str(state), "OPENCLAW_CONFIG_PATH": str(config),
+            "OPENCLAW_NO_AUTO_UPDATE": "1"}
+
+
+def openclaw(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
+    """The working directory is the agent's workspace; `--model M` (or `provider/M`) names the upstream model."""
+    rest, given = _drop_options(argv[1:], ("--model",))
+    model = given.get("--model", "policy").split("/", 1)[-1]
+    return Launch([argv[0], *rest], openclaw_env(base_url, session, model, Path.cwd(), scratch / "openclaw"))
+
+
 LAUNCHERS: dict[str, Launcher] = {
     "claude": claude_code,
     "codex": codex,
@@ -171,6 +245,8 @@ LAUNCHERS: dict[str, Launcher] = {
     "qwen": qwen_code,
     "pi": pi,
     "mini": mini_swe_agent,
+    "opencode": opencode,
+    "openclaw": openclaw,
 }
 
 

@@ -45,13 +45,57 @@ def test_codex(ctx):
 def test_openclaw_config_points_at_the_recorder(ctx):
     argv, env = get_harness("openclaw").command("/bin/openclaw", ctx)
     assert argv == ["/bin/openclaw", "agent", "--local", "--session-id", "sess-1", "--message", "fix it", "--json"]
-    result = {"result": {"meta": {"run": [{"finalAssistantVisibleText": "Done."}]}}}
-    assert get_harness("openclaw").final_answer(json.dumps(result, indent=2), ctx) == "Done."
-    config = json.loads((ctx.home / ".openclaw" / "openclaw.json").read_text())
+    result = {"payloads": [{"text": "Done."}], "meta": {"finalAssistantVisibleText": "Done."}}
+    assert get_harness("openclaw").final_answer("[plugins] loaded\n" + json.dumps(result, indent=2), ctx) == "Done."
+    state = ctx.home / ".openclaw"
+    assert env["OPENCLAW_STATE_DIR"] == str(state) and env["OPENCLAW_CONFIG_PATH"] == str(state / "openclaw.json")
+    config = json.loads((state / "openclaw.json").read_text())
     provider = config["models"]["providers"]["forgerl"]
     assert provider["baseUrl"] == f"{BASE}/s/sess-1/v1" and provider["api"] == "openai-completions"
-    assert config["agents"]["defaults"]["model"]["primary"] == "forgerl/qwen3"
+    assert provider["apiKey"] == "${OPENAI_API_KEY}"
+    assert config["agents"]["defaults"] == {"model": {"primary": "forgerl/qwen3"}, "workspace": str(ctx.workspace),
+                                            "skipBootstrap": True}
+    assert config["memory"]["search"]["enabled"] is False and config["update"]["checkOnStart"] is False
+    assert env["OPENCLAW_NO_AUTO_UPDATE"] == "1"
     assert "userkey" not in on_disk(ctx.home) and env["OPENAI_API_KEY"].startswith("sk-proj-user")
+
+
+def test_openclaw_reads_its_sqlite_transcript(ctx):
+    import sqlite3
+
+    db = ctx.home / ".openclaw" / "agents" / "main" / "agent" / "openclaw-agent.sqlite"
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE transcript_events (session_id TEXT, seq INTEGER, event_json TEXT, event_zstd BLOB)")
+        con.executemany("INSERT INTO transcript_events VALUES (?, ?, ?, ?)", [
+            ("s", 1, '{"type":"message","message":{"role":"assistant"}}', None), ("s", 2, None, b"zstd"),
+            ("s", 0, '{"type":"session"}', None)])
+    con.close()
+    transcript = get_harness("openclaw").own_transcript(ctx)
+    assert transcript == '{"type":"session"}\n{"type":"message","message":{"role":"assistant"}}'
+
+
+def test_opencode_config_points_at_the_recorder(ctx):
+    argv, env = get_harness("opencode").command("/bin/opencode", ctx)
+    assert argv == ["/bin/opencode", "run", "--format", "json", "--title", "sess-1", "fix it"]
+    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    provider = config["provider"]["forgerl"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible" and provider["options"]["baseURL"] == f"{BASE}/s/sess-1/v1"
+    assert provider["options"]["apiKey"] == "{env:OPENAI_API_KEY}" and list(provider["models"]) == ["qwen3"]
+    assert config["model"] == "forgerl/qwen3" and config["permission"] == "allow"
+    assert env["XDG_CONFIG_HOME"] == str(ctx.home / ".config") and env["PWD"] == str(ctx.workspace)
+    assert {k: env[k] for k in env if k.startswith("OPENCODE_DISABLE_")} == {
+        "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
+    assert (ctx.home / ".config" / "opencode" / "node_modules").is_dir()
+    assert "userkey" not in on_disk(ctx.home) and env["OPENAI_API_KEY"].startswith("sk-proj-user")
+    events = [{"type": "text", "part": {"messageID": "m1", "text": "Looking."}},
+              {"type": "tool_use", "part": {"messageID": "m1", "tool": "bash"}},
+              {"type": "text", "part": {"messageID": "m2", "text": "Done: "}},
+              {"type": "text", "part": {"messageID": "m2", "text": "42."}}]
+    stdout = "\n".join(json.dumps(e) for e in events)
+    assert get_harness("opencode").final_answer(stdout, ctx) == "Done: 42."
+    assert get_harness("opencode").final_answer("", ctx) is None
 
 
 def test_zeroclaw_config_points_at_the_recorder(ctx):

