@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -49,25 +51,53 @@ def loop_script(request: Request) -> Turn:
     return Turn(text=f"Step {step}.", tool_calls=[ToolCall("bash", {"command": LOOP[min(step, 2)]})])
 
 
+class PhoneHome:
+    """An HTTP(S) proxy that answers nothing and notes every request: what the harness tries to reach
+    besides the recorder (loopback is exempt through NO_PROXY). litellm's model-cost-map fetch from
+    raw.githubusercontent.com, for one, comes here unless the launcher turns it off."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.seen: list[bytes] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.seen.append(conn.recv(200).split(b"\r\n")[0])
+
+    def env(self) -> dict[str, str]:
+        proxy = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        return {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
+                "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path]:
+def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[bytes]]:
     base = tmp_path_factory.mktemp("mini")
     work, home = base / "work", base / "home"
     work.mkdir()
     home.mkdir()
+    phone = PhoneHome()
     with ScriptedUpstream(loop_script) as up:
         r = subprocess.run([FORGE_RECORD, "run", "--out", str(base / "data"), "--session", "mi",
                             "--upstream-openai", up.url, "--", str(mini()), "-m", "openai/gpt-5.4", "-t",
                             "Write proof.txt and read it back.", "--yolo", "--exit-immediately",
                             "-o", str(base / "traj.json")],
-                           cwd=work, env={**os.environ, "HOME": str(home), "OPENAI_API_KEY": KEY},
+                           cwd=work, env={**os.environ, "HOME": str(home), "OPENAI_API_KEY": KEY, **phone.env()},
                            capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    phone.sock.close()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return base, r, base / "data"
+    return base, r, base / "data", phone.seen
 
 
 def test_records_a_tool_loop(recorded):
-    base, r, data = recorded
+    base, r, data, phoned = recorded
+    assert phoned == [], phoned
     assert (base / "work" / "proof.txt").read_text() == "forgerl\n"
     info = json.loads((base / "traj.json").read_text())["info"]
     assert info["exit_status"] == "Submitted" and info["submission"] == "forgerl\n"
@@ -91,7 +121,7 @@ def test_records_a_tool_loop(recorded):
 def test_tokens_and_verl_sft(recorded, tmp_path):
     from forgerl.trainer.sft_dataset import ForgeSFTDataset
 
-    _, _, data = recorded
+    _, _, data, _ = recorded
     manifest = convert(data, tmp_path / "s", "--to", "verl-sft", "--harness", "mini-swe-agent")
     assert manifest["counts"]["sessions"] == 1 and not manifest["counts"].get("tools_absent_calls")
     convert(data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "mini-swe-agent")
@@ -131,6 +161,7 @@ def test_forge_run_grades_a_task(scripted, tmp_path):
     assert row["reward"] == pytest.approx(SPARQL_SCORE) and row["status"] == "failed"
     extra = json.loads(row["extra"])
     assert extra["final_answer"] == "Wrote query_output.sparql"
+    assert any("network namespace" in e for e in extra["enforced"]) or "not isolated" in str(extra["enforced"])
     assert '"submission"' in extra["harness_transcript"]
     calls = read_table(out, "calls").to_pylist()
     assert len(calls) == 2 and all(c["error"] is None and c["status"] == 200 for c in calls)
@@ -171,7 +202,7 @@ def test_analysis_sees_its_bash_actions_as_shell(recorded):
     """mini's actions are `bash` tool calls (v2): the analysis counts them as shell, `cat` as a re-read check."""
     from forgerl.analysis import connect
 
-    _, _, data = recorded
+    _, _, data, _ = recorded
     con = connect(data)
     kinds = con.execute("SELECT tool_name, kind, command FROM tool_calls WHERE session_id = 'mi' "
                         "ORDER BY turn, pos").fetchall()
