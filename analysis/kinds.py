@@ -43,6 +43,8 @@ TOOL_KINDS: dict[str, str] = {
     "task_update": "plan", "task_list": "plan", "agent": "subagent",
     # pi 0.73.1 (built-in tools; read, edit, write, grep as above)
     "bash": "shell", "find": "search", "ls": "read",
+    # mini-swe-agent 2.4.6: one tool, `bash` (as pi's above; v2 sends it as a tool definition and calls it
+    # as a tool call). Its checks are shell commands (CHECK_COMMANDS); it has no plan or subagent tool.
     # Subagent tools of every harness: one list, which the thread segmenter also reads.
     **{name: "subagent" for name in SUBAGENT_TOOLS},
 }
