@@ -45,6 +45,12 @@ TOOL_KINDS: dict[str, str] = {
     "bash": "shell", "find": "search", "ls": "read",
     # mini-swe-agent 2.4.6: one tool, `bash` (as pi's above; v2 sends it as a tool definition and calls it
     # as a tool call). Its checks are shell commands (CHECK_COMMANDS); it has no plan or subagent tool.
+    # Gemini CLI 0.61.0 (the functionDeclarations it sends; run_shell_command, read_file, write_file, glob,
+    # list_directory, grep_search, web_fetch, enter_plan_mode as above). `invoke_agent` is its subagent tool,
+    # `write_todos` and `update_topic` (its chapter/progress narration) its plan tools.
+    "replace": "write", "read_many_files": "read", "google_web_search": "web",
+    "list_background_processes": "shell", "read_background_output": "shell",
+    "write_todos": "plan", "update_topic": "plan", "invoke_agent": "subagent",
     # Subagent tools of every harness: one list, which the thread segmenter also reads.
     **{name: "subagent" for name in SUBAGENT_TOOLS},
 }

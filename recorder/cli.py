@@ -2,7 +2,7 @@
 
     forge-record serve --upstream URL [--listen 127.0.0.1:PORT] [--out DIR]
     forge-record serve --policy URL --tokenizer DIR --served-model NAME [--out DIR]
-    forge-record run --out DIR [--upstream URL | --upstream-anthropic URL --upstream-openai URL --upstream-gemini URL] -- CMD...
+    forge-record run --out DIR [--upstream URL] [--upstream-anthropic|-openai|-gemini URL] -- CMD...
     forge-record ls DIR
     forge-record show DIR SESSION
     forge-record compact DIR
@@ -111,9 +111,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     anthropic, openai, gemini = _upstreams(args)
     host, port = args.listen
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
-                            upstream_gemini=gemini, listen_host=host, listen_port=port, forward=args.forward, session=args.session,
-                            redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels,
-                            upstream_ca=args.upstream_ca)
+                            upstream_gemini=gemini, listen_host=host, listen_port=port, forward=args.forward,
+                            session=args.session, redact_rules=args.redact_rules,
+                            policy_version=args.policy_version, labels=args.labels, upstream_ca=args.upstream_ca)
     target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, gemini -> {gemini}, openai -> {openai}"
     serve_forever(config, on_ready=lambda: print(
         f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True))
@@ -122,7 +122,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _upstreams(args: argparse.Namespace) -> tuple[str, str, str]:
     """(anthropic, openai, gemini) origins: each its own flag, else --upstream, else the vendor's API."""
-    return (args.upstream_anthropic or args.upstream or ANTHROPIC_API, args.upstream_openai or args.upstream or OPENAI_API,
+    return (args.upstream_anthropic or args.upstream or ANTHROPIC_API,
+            args.upstream_openai or args.upstream or OPENAI_API,
             args.upstream_gemini or args.upstream or GEMINI_API)
 
 

@@ -78,7 +78,7 @@ HARNESSES: tuple[Harness, ...] = (
             # 0.24 offers todo_write only when tools.todoWrite.enabled; its default set has `agent` instead
             tools=(frozenset({"run_shell_command", "read_file", "edit", "todo_write"}),
                    frozenset({"run_shell_command", "read_file", "edit", "write_file", "agent"}))),
-    Harness("gemini-cli", user_agents=("geminicli/",),
+    Harness("gemini-cli", user_agents=("geminicli/", "geminicli-"),  # 0.61 headless: "GeminiCLI-tui/0.61.0/<model>"
             prompts=("You are Gemini CLI, ", "CLI agent specializing in software engineering tasks"),
             tools=(frozenset({"run_shell_command", "read_file", "replace"}),)),
     Harness("mini-swe-agent", prompts=("You are a helpful assistant that can interact",)),

@@ -36,6 +36,10 @@ codecs keep each definition with every key the harness sent, in its order:
   else the server tool's type (`web_search_20250305`); the definition is
   the tool's keys in order with `input_schema` renamed `parameters` in place,
   less `type` and `cache_control` (a caching directive, not part of the tool).
+- Gemini: T is `function` for each entry of `tools[].functionDeclarations`,
+  the declaration's keys in order with `parametersJsonSchema` renamed
+  `parameters` in place (Gemini CLI sends JSON Schema there); other tools
+  (`googleSearch`, `codeExecution`) get T = their key and `name` = it too.
 
 Datasets recorded before the codecs kept definitions whole hold every tool
 as `name`, `description`, `parameters`, with null for a key not sent: a null

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from forgerl.analysis.kinds import TOOL_KINDS
 from forgerl.runners.harnesses import RunContext, get_harness
 
 from conftest import FORGE_RECORD, RecorderProcess, session_calls
@@ -96,6 +97,8 @@ def test_record_tool_loop(recorded):
     assert made["call_id"] and result["tool_name"] == "read_file" and "forgerl proof" in result["text"]
     tools = {t["name"] for t in json.loads(calls[0]["tools"])}
     assert {"run_shell_command", "read_file", "write_file", "replace", "grep_search"} <= tools
+    assert tools - TOOL_KINDS.keys() <= {"activate_skill"}, "a Gemini CLI tool without a kind"
+    assert TOOL_KINDS["invoke_agent"] == "subagent" and TOOL_KINDS["write_todos"] == "plan"
     assert "session gm (gemini-cli)" in r.stderr and "write_file x1" in r.stderr
     assert "[REDACTED]" in json.loads(calls[0]["request_headers"])["x-goog-api-key"]
     assert not files_holding([base], KEY[6:]), "the API key reached the disk"
