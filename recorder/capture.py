@@ -17,8 +17,7 @@ from datetime import datetime, timezone
 from forgerl.schema.messages import Exchange
 from forgerl.schema.records import CallRecord
 
-from .apis import Codec, codec_for
-from .apis.gemini import model_of
+from .apis import Codec, codec_for, parse_call
 from .redact import Redactor
 from .sse import SSEDecoder
 
@@ -142,8 +141,7 @@ class CapturedCall:
                 body = json.loads(request_raw or b"")
                 if not isinstance(body, dict):
                     raise ValueError("not a JSON object")
-                self._request_exchange = codec.parse_request(body)
-                self._request_exchange.model_requested = self._request_exchange.model_requested or model_of(self.path)
+                self._request_exchange = parse_call(codec, self.path, body)
             except ValueError as e:
                 self._request_error = f"request body is not a JSON object: {e}"
             except Exception as e:

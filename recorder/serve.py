@@ -49,7 +49,7 @@ from forgerl.schema.messages import Exchange, Usage, canonical_json, sha256_hex
 from forgerl.schema.segments import ANSWER_HEADER, CONTINUES_HEADER
 from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, format_for_template, parse_generation
 
-from .apis import ANTHROPIC, CHAT, GEMINI, RESPONSES, codec_for
+from .apis import ANTHROPIC, CHAT, GEMINI, RESPONSES, codec_for, parse_call
 from .apis.answer import Answer, Frame, new_id
 from .policy import Generation, Policy, PolicyError, Sampling
 
@@ -189,7 +189,7 @@ class PolicyGateway:
         codec = codec_for(request.path)
         if codec not in (ANTHROPIC, RESPONSES, CHAT, GEMINI):
             return _error(404, f"serve mode does not answer {request.path}")
-        exchange = codec.parse_request(body)
+        exchange = parse_call(codec, request.path, body)
         try:
             answer, prompt = await self._answer(exchange, "toolu_" if codec is ANTHROPIC else "call_")
         except PolicyError as e:

@@ -6,6 +6,7 @@ import json
 import subprocess
 
 import anthropic
+import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
@@ -137,3 +138,26 @@ def test_bad_serve_flags_are_one_line_exit_2(tmp_path):
         r = subprocess.run([FORGE_RECORD, "serve", *args, "--out", str(tmp_path / "d")], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_gemini_stream_and_body(served, tmp_path, tok):
+    """The Gemini API, as Gemini CLI's SDK calls it: the stream by path (`:streamGenerateContent?alt=sse`), the
+    plain call by `:generateContent`; calls get ids (Gemini CLI answers with them), thoughts are `thought` parts."""
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    url = served.base("g") + "/v1beta/models/gemini-x"
+    headers = {"x-goog-api-key": "AIzaSyServeTestServeTestServeTest123456"}
+    with httpx.stream("POST", url + ":streamGenerateContent?alt=sse", json=body, headers=headers, timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    parts = [p for frame in frames for p in frame["candidates"][0]["content"]["parts"]]
+    said = parse_generation(TURNS[0])
+    assert "".join(p["text"] for p in parts if p.get("thought")) == said.reasoning
+    assert "".join(p["text"] for p in parts if not p.get("thought")) == said.text
+    assert frames[-1]["candidates"][0]["finishReason"] == "STOP" and len(frames) > 3
+    plain = httpx.post(url + ":generateContent", json=body, headers=headers, timeout=30).json()
+    calls = [p["functionCall"] for p in plain["candidates"][0]["content"]["parts"] if "functionCall" in p]
+    assert [(c["name"], c["args"]) for c in calls] == [(c.name, c.arguments)
+                                                       for c in parse_generation(CALL_TURN).tool_calls]
+    assert all(c["id"] for c in calls) and plain["modelVersion"] == "gemini-x"
+    recorded = recorded_turns(tmp_path, "g", 2, tok)
+    assert [c["api"] for c in recorded] == ["gemini", "gemini"] and recorded[0]["streamed"]

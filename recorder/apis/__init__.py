@@ -7,7 +7,8 @@ body's output, usage and errors. The other way, it writes an `Answer` (one
 model turn) as its API's response body or stream, which is how serve mode
 and the tests' scripted upstream answer. The recorder picks one by path with
 `codec_for`; paths without a codec (count_tokens, retrievals, anything
-unknown) are recorded raw.
+unknown) are recorded raw. The Gemini API names the model in the path, not
+the body: `parse_call` reads a request with its path.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from forgerl.recorder.apis.anthropic import CODEC as ANTHROPIC
 from forgerl.recorder.apis.chat import CODEC as CHAT
 from forgerl.recorder.apis.completions import CODEC as COMPLETIONS
 from forgerl.recorder.apis.gemini import CODEC as GEMINI
-from forgerl.recorder.apis.gemini import is_gemini_path
+from forgerl.recorder.apis.gemini import is_gemini_path, model_of
 from forgerl.recorder.apis.responses import CODEC as RESPONSES
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange
 
-__all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "GEMINI", "RESPONSES", "Codec", "StreamAssembler", "codec_for"]
+__all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "GEMINI", "RESPONSES", "Codec", "StreamAssembler", "codec_for",
+           "parse_call"]
 
 
 class StreamAssembler(Protocol):
@@ -90,3 +92,10 @@ def codec_for(path: str) -> Codec | None:
         if segments[-len(suffix):] == suffix:
             return codec
     return None
+
+
+def parse_call(codec: Codec, path: str, body: dict[str, Any]) -> Exchange:
+    """`codec.parse_request`, with the model a Gemini path names when the body names none."""
+    exchange = codec.parse_request(body)
+    exchange.model_requested = exchange.model_requested or model_of(path)
+    return exchange
