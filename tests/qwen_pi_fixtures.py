@@ -24,8 +24,9 @@ from forgerl.schema.store import read_table
 
 from conftest import RecorderProcess, session_calls
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
-from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_TASK
-from scripted_upstream import Request, Script, ToolCall, Turn
+from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_SCORE, SPARQL_TASK
+from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
+from test_harnesses import run_recorded, tool_exchange
 
 PROOF = "forgerl proof\n"
 ANSWER = "The file says: forgerl proof"
@@ -90,6 +91,35 @@ def tool_names(calls: list[dict]) -> list[str]:
             for c in choice["message"].get("tool_calls") or []]
 
 
+def record_loop(cmd: list[str], base: Path, session: str, script: Script, key: str) -> dict:
+    """`forge-record run -- CMD` in `base` (work/, home/, data/) against `script`, proxies at a trap."""
+    trap = ProxyTrap()
+    try:
+        with ScriptedUpstream(script) as up:
+            r = run_recorded(base, session, up.url, cmd, {"OPENAI_API_KEY": key, **trap.env()})
+    finally:
+        trap.close()
+    return {"run": r, "base": base, "data": base / "data", "hits": trap.hits, "session": session}
+
+
+def check_recorded(recorded: dict, harness: str, tools: tuple[str, str], key: str) -> list[dict]:
+    """The loop ran for real, reached nothing but the recorder, was recorded whole, and left no key on disk."""
+    r, base, session = recorded["run"], recorded["base"], recorded["session"]
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert recorded["hits"] == [], f"{harness} reached past the recorder"
+    assert get_harness(harness).final_answer(r.stdout, RunContext("", base, base / "home", "", session)) == ANSWER
+    assert (base / "work" / "proof.txt").read_text() == PROOF
+    calls = [c for c in session_calls(recorded["data"], session, 3) if c["api"] == "chat"]
+    assert len(calls) == 3 and all(c["complete"] and c["error"] is None and c["streamed"] for c in calls)
+    assert all(c["path"] == "/v1/chat/completions" for c in calls)
+    assert tool_names(calls) == list(tools)
+    _, result = tool_exchange(recorded["data"], session, calls[1:], tools[1])
+    assert "forgerl proof" in json.dumps(result), result
+    assert f"session {session} ({harness})" in r.stderr and f"{tools[0]} x1" in r.stderr
+    assert not files_holding([base], key[8:]), "the API key reached the disk"
+    return calls
+
+
 def check_sft(data: Path, out: Path, harness: str, session: str, tools: tuple[str, str]) -> None:
     """`tokens` and `verl-sft` of the recorded loop: one segment; veRL loads the shard, same ids as `tokens`."""
     from forgerl.trainer.sft_dataset import ForgeSFTDataset
@@ -135,9 +165,20 @@ def forge_run_sparql(upstream: str, out: Path, harness: str) -> dict:
     return outcome
 
 
-def serve_turns(tmp_path: Path, harness: str, turns: list[str], trap: ProxyTrap) -> tuple[subprocess.CompletedProcess,
-                                                                                            list[dict]]:
-    """Run `harness` through its runner adapter against `forge-record serve --policy script:FILE`."""
+def check_graded_sparql(upstream: str, out: Path, harness: str) -> dict:
+    """task_00067 graded at 14/15 with the harness's final answer; returns the outcome's `extra`."""
+    outcome = forge_run_sparql(upstream, out, harness)
+    extra = json.loads(outcome["extra"])
+    assert outcome["harness"] == harness and outcome["status"] == "failed", (outcome["status"], extra)
+    assert abs(outcome["reward"] - SPARQL_SCORE) < 1e-9
+    assert extra["final_answer"] == "Wrote query_output.sparql."
+    return extra
+
+
+def serve_turns(tmp_path: Path, harness: str, turns: list[str], trap: ProxyTrap, api: str = "chat",
+                user_env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run `harness` through its runner adapter against `forge-record serve --policy script:FILE`; its `api` calls.
+    `user_env` is what the user would export (an OpenAI key by default)."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps(turns))
     served = RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer",
@@ -147,14 +188,14 @@ def serve_turns(tmp_path: Path, harness: str, turns: list[str], trap: ProxyTrap)
     home.mkdir()
     adapter = get_harness(harness)
     ctx = RunContext("Write proof.txt", work, home, served.url, "sv", "qwen3-policy",
-                     {"OPENAI_API_KEY": "sk-proj-servedservedservedserved"})
+                     user_env or {"OPENAI_API_KEY": "sk-proj-servedservedservedserved"})
     try:
         argv, env = adapter.command(adapter.find(), ctx)
         r = subprocess.run(argv, cwd=work, env={"LANG": "C.UTF-8", **env, **trap.env()}, capture_output=True,
                            text=True, timeout=240, stdin=subprocess.DEVNULL)
     finally:
         served.stop()
-    calls = [c for c in session_calls(tmp_path / "data", "sv", len(turns)) if c["api"] == "chat"]
+    calls = [c for c in session_calls(tmp_path / "data", "sv", len(turns)) if c["api"] == api]
     return r, calls
 
 
@@ -175,3 +216,21 @@ def check_served(calls: list[dict], turns: list[str], tok) -> None:
     held = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
     assert calls[1]["prompt_token_ids"][:len(held)] == held, "the second turn re-tokenised the history"
     assert "<tool_response>" in tok.decode(calls[1]["prompt_token_ids"][len(held):])
+
+
+def check_served_loop(tmp_path: Path, harness: str, turns: list[str]) -> None:
+    """The policy's tokens drive the real CLI (its shell tool writes proof.txt) and nothing else is reached."""
+    from transformers import AutoTokenizer
+
+    trap = ProxyTrap()
+    try:
+        r, calls = serve_turns(tmp_path, harness, turns, trap)
+    finally:
+        trap.close()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert trap.hits == []
+    assert (tmp_path / "work" / "proof.txt").read_text() == "forgerl\n"
+    assert not files_holding([tmp_path], "servedservedserved"), "the API key reached the disk"
+    ctx = RunContext("", tmp_path / "work", tmp_path / "home", "", "sv")
+    assert get_harness(harness).final_answer(r.stdout, ctx) == "Done."
+    check_served(calls, turns, AutoTokenizer.from_pretrained(TOKENIZER_DIR))
