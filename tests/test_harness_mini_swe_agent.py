@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from forgerl.schema.store import read_table
 
 from conftest import FORGE_RECORD, RecorderProcess, session_calls, session_parts
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
+from qwen_pi_fixtures import ProxyTrap
 from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_SCORE, SPARQL_TASK
 from scripted_upstream import Request, ScriptedUpstream, ToolCall, Turn
 
@@ -51,48 +50,26 @@ def loop_script(request: Request) -> Turn:
     return Turn(text=f"Step {step}.", tool_calls=[ToolCall("bash", {"command": LOOP[min(step, 2)]})])
 
 
-class PhoneHome:
-    """An HTTP(S) proxy that answers nothing and notes every request: what the harness tries to reach
-    besides the recorder (loopback is exempt through NO_PROXY). litellm's model-cost-map fetch from
-    raw.githubusercontent.com, for one, comes here unless the launcher turns it off."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.seen: list[bytes] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                self.seen.append(conn.recv(200).split(b"\r\n")[0])
-
-    def env(self) -> dict[str, str]:
-        proxy = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        return {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
-                "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-
-
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[bytes]]:
+def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[str]]:
+    """One recording, with every proxy variable at a trap: anything it reaches besides the recorder (loopback
+    is exempt) lands there, as litellm's model-cost-map fetch from GitHub does without the launcher's
+    LITELLM_LOCAL_MODEL_COST_MAP."""
     base = tmp_path_factory.mktemp("mini")
     work, home = base / "work", base / "home"
     work.mkdir()
     home.mkdir()
-    phone = PhoneHome()
+    trap = ProxyTrap()
     with ScriptedUpstream(loop_script) as up:
         r = subprocess.run([FORGE_RECORD, "run", "--out", str(base / "data"), "--session", "mi",
                             "--upstream-openai", up.url, "--", str(mini()), "-m", "openai/gpt-5.4", "-t",
                             "Write proof.txt and read it back.", "--yolo", "--exit-immediately",
                             "-o", str(base / "traj.json")],
-                           cwd=work, env={**os.environ, "HOME": str(home), "OPENAI_API_KEY": KEY, **phone.env()},
+                           cwd=work, env={**os.environ, "HOME": str(home), "OPENAI_API_KEY": KEY, **trap.env()},
                            capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
-    phone.sock.close()
+    trap.close()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return base, r, base / "data", phone.seen
+    return base, r, base / "data", trap.hits
 
 
 def test_records_a_tool_loop(recorded):
