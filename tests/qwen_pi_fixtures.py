@@ -145,6 +145,26 @@ def check_sft(data: Path, out: Path, harness: str, session: str, tools: tuple[st
     assert item["loss_mask"].sum() > 0
 
 
+def check_atif_and_analysis(data: Path, out: Path, harness: str, session: str, tools: tuple[str, str]) -> None:
+    """ATIF validates with both tool calls; the analysis names the harness, kinds the tools write then read, and
+    counts reading the written file back as the session's verification."""
+    import atif
+
+    from forgerl.analysis import connect
+
+    convert(data, out / "a", "--to", "atif", "--harness", harness)
+    (doc_path,) = (out / "a").glob("train/*.json")
+    doc = json.loads(doc_path.read_text())
+    atif.Trajectory.model_validate(doc)
+    assert [c["function_name"] for s in doc["steps"] for c in s.get("tool_calls") or []] == list(tools)
+    con = connect(data)
+    assert con.sql(f"SELECT harness FROM session_info WHERE session_id = '{session}'").fetchall() == [(harness,)]
+    kinds = con.sql(f"SELECT tool_name, kind FROM tool_calls WHERE session_id = '{session}' ORDER BY step").fetchall()
+    assert kinds == [(tools[0], "write"), (tools[1], "read")]
+    verified = con.sql(f"SELECT verified, check_kind FROM verification WHERE session_id = '{session}'").fetchall()
+    assert verified == [(True, "reread")]
+
+
 def sparql_script(shell: str) -> Script:
     """task_00067 through the harness's shell tool: 14 of the 15 checks pass (see runner_fixtures)."""
     def script(request: Request) -> Turn:

@@ -1,4 +1,5 @@
-"""pi 0.73.1 (npm `@mariozechner/pi-coding-agent`, pinned) end to end: record, convert, forge-run, serve.
+"""pi 0.73.1 (npm `@mariozechner/pi-coding-agent`, pinned) end to end: record, convert, analyse, forge-run,
+serve.
 
 One recording per module (`forge-record run -- pi -p ... --model qwen3`
 against the scripted upstream: write, read, answer) feeds the record and
@@ -16,8 +17,8 @@ import pytest
 
 from forgerl.runners.harnesses import RunContext, get_harness
 
-from qwen_pi_fixtures import (PROOF, check_graded_sparql, check_recorded, check_served_loop, check_sft, files_holding,
-                              loop_script, record_loop, sparql_script)
+from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_graded_sparql, check_recorded, check_served_loop,
+                              check_sft, files_holding, loop_script, record_loop, sparql_script)
 from scripted_upstream import ToolCall
 from test_harnesses import needs
 
@@ -47,6 +48,10 @@ def test_record_tool_loop(recorded):
 
 def test_tokens_and_verl_sft(recorded, tmp_path):
     check_sft(recorded["data"], tmp_path, "pi", "pi", ("write", "read"))
+
+
+def test_atif_and_analysis(recorded, tmp_path):
+    check_atif_and_analysis(recorded["data"], tmp_path, "pi", "pi", ("write", "read"))
 
 
 def test_forge_run_grades_a_qwenclawbench_task(scripted, tmp_path):

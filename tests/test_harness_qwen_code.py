@@ -1,4 +1,4 @@
-"""Qwen Code 0.24.4 (npm, pinned) end to end: record, convert, forge-run, serve.
+"""Qwen Code 0.24.4 (npm, pinned) end to end: record, convert (tokens, verl-sft, ATIF), analyse, forge-run, serve.
 
 One recording per module (`forge-record run -- qwen ...` against the scripted
 upstream: write_file, read_file, answer) feeds the record and convert tests.
@@ -16,8 +16,8 @@ from forgerl.recorder.apis import codec_for
 from forgerl.recorder.harness import identify
 from forgerl.runners.harnesses import RunContext, get_harness
 
-from qwen_pi_fixtures import (PROOF, check_graded_sparql, check_recorded, check_served_loop, check_sft, files_holding,
-                              loop_script, record_loop, sparql_script)
+from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_graded_sparql, check_recorded, check_served_loop,
+                              check_sft, files_holding, loop_script, record_loop, sparql_script)
 from scripted_upstream import ToolCall
 from test_harnesses import needs
 
@@ -50,6 +50,10 @@ def test_record_tool_loop(recorded):
 
 def test_tokens_and_verl_sft(recorded, tmp_path):
     check_sft(recorded["data"], tmp_path, "qwen-code", "qw", ("write_file", "read_file"))
+
+
+def test_atif_and_analysis(recorded, tmp_path):
+    check_atif_and_analysis(recorded["data"], tmp_path, "qwen-code", "qw", ("write_file", "read_file"))
 
 
 def test_forge_run_grades_a_qwenclawbench_task(scripted, tmp_path):
