@@ -1,18 +1,24 @@
-"""A warm parent that forks one child per grade: grade() in a process of its own for the cost of a fork.
+"""A warm parent that forks one child per job: a rollout's jail, or a grade, for the cost of a fork.
 
-Starting Python for every grade costs about 80 ms of CPU, spent beside the
-harnesses still running; on a small machine that is throughput lost. So a
-runner process starts one server (`python -m forgerl.runners.forkserver
-SOCKET`), which imports the grading code once and, for each connection on
-its Unix socket, forks a child that grades in the workspace and answers. The
-server is single-threaded (so forking it is safe) and never runs task code
-itself; it exits when the runner does (its stdin closes). multiprocessing's
-own forkserver does not fit: it re-imports the caller's `__main__` in every
-child.
+Starting Python costs about 60 to 80 ms of CPU, spent beside the harnesses
+still running; on a small machine that is throughput lost, twice a rollout.
+So a runner process starts one server (`python -m forgerl.runners.forkserver
+SOCKET`), which imports the jail and the grading code once and, for each
+connection on its Unix socket, forks a child that does one job and answers.
+The server is single-threaded (so forking it is safe) and never runs task
+code itself; it exits when the runner does (its stdin closes).
+multiprocessing's own forkserver does not fit: it re-imports the caller's
+`__main__` in every child.
 
-Per grade: the client sends a JSON request and closes its side; the child
-answers `{"pid": N}` at once, then `{"ok": true, "scores": {...}}` or
-`{"ok": false, "error": "..."}`.
+Per job the client sends one byte carrying the file descriptors the job
+needs (SCM_RIGHTS), then a JSON request, and closes its side. The child
+answers `{"pid": N}` at once (it leads a session of its own, so N is also the
+process group to kill), then the job's answer:
+
+- `{"job": "jail", ...JailSpec}` with the harness's stdout and stderr:
+  `{"returncode": N}` once the harness has exited (`jail.run_confined`).
+- `{"job": "grade", "code", "transcript", "workspace"}`: `{"ok": true,
+  "scores": {...}}` or `{"ok": false, "error": "..."}`.
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Sequence
 
 _LOCK = threading.Lock()
 _SERVER: tuple[subprocess.Popen, str] | None = None
 
 
 class ForkError(RuntimeError):
-    """The grade child ran past its time, or died without an answer."""
+    """The child ran past its time, or died without an answer."""
 
 
 # ------------------------------------------------------------------ the runner's side
@@ -43,58 +51,111 @@ def _socket_path() -> str:
     global _SERVER
     with _LOCK:
         if _SERVER is None or _SERVER[0].poll() is not None:
-            path = os.path.join(tempfile.mkdtemp(prefix="forgerl-grader-"), "socket")
+            path = os.path.join(tempfile.mkdtemp(prefix="forgerl-forks-"), "socket")
             proc = subprocess.Popen([sys.executable, "-m", "forgerl.runners.forkserver", path],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             if proc.stdout.readline().strip() != b"ready":
                 proc.kill()
-                raise ForkError(f"the grader server did not start (exit status {proc.wait()})")
+                raise ForkError(f"the fork server did not start (exit status {proc.wait()})")
             _SERVER = (proc, path)
         return _SERVER[1]
 
 
+class Forked:
+    """One job in a child of the server: its pid (and process group) now, its answer when it ends."""
+
+    def __init__(self, request: dict, fds: Sequence[int] = ()):
+        self._conn = socket.socket(socket.AF_UNIX)
+        self._buffer = b""
+        try:
+            self._conn.connect(_socket_path())
+            socket.send_fds(self._conn, [b"J"], list(fds))
+            self._conn.sendall(json.dumps(request).encode())
+            self._conn.shutdown(socket.SHUT_WR)
+            self.pid: int = json.loads(self._line(None))["pid"]
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def answer(self, timeout: float | None) -> dict | None:
+        """The job's answer; None if it is still running after `timeout` s; ForkError if it died silent."""
+        line = self._line(timeout)
+        return None if line is None else json.loads(line)
+
+    def _line(self, timeout: float | None) -> bytes | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            if deadline is not None:
+                if (left := deadline - time.monotonic()) <= 0:
+                    return None
+                self._conn.settimeout(left)
+            try:
+                chunk = self._conn.recv(1 << 16)
+            except TimeoutError:
+                return None
+            if not chunk:
+                raise ForkError("its process died without an answer")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 def fork_grade(request: dict, timeout: float) -> dict:
     """The child's answer to `request` ({"code", "transcript", "workspace"}); ForkError past `timeout` s."""
-    with socket.socket(socket.AF_UNIX) as conn:
-        conn.settimeout(timeout)
-        conn.connect(_socket_path())
-        conn.sendall(json.dumps(request).encode())
-        conn.shutdown(socket.SHUT_WR)
-        reader = conn.makefile("rb")
-        pid = json.loads(reader.readline())["pid"]
-        try:
-            line = reader.readline()
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            raise ForkError(f"ran past {timeout:.0f} s") from None
-    if not line:
-        raise ForkError("its process died without an answer")
-    return json.loads(line)
+    job = Forked({"job": "grade", **request})
+    try:
+        answer = job.answer(timeout)
+        if answer is None:
+            os.kill(job.pid, signal.SIGKILL)
+            raise ForkError(f"ran past {timeout:.0f} s")
+        return answer
+    finally:
+        job.close()
 
 
 # ------------------------------------------------------------------ the server
 
 
-def _child(conn: socket.socket) -> None:
-    """In the forked child: grade in the workspace, its prints discarded, and answer."""
+def _grade(request: dict, fds: list[int], conn: socket.socket) -> dict:
+    """Grade in the workspace, its prints discarded."""
     from .grading import run_grade
 
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # grade() may wait for processes of its own
-    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
     try:
-        request = json.loads(conn.makefile("rb").read())
         os.chdir(request["workspace"])
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        answer = {"ok": True, "scores": run_grade(request["code"], request["transcript"], request["workspace"])}
+        return {"ok": True, "scores": run_grade(request["code"], request["transcript"], request["workspace"])}
     except BaseException as e:  # noqa: BLE001 - whatever grade() raises is the grader's failure, reported
-        answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def _jail(request: dict, fds: list[int], conn: socket.socket) -> dict:
+    from .jail import JailSpec, run_confined
+
+    stdout, stderr = fds
+    return {"returncode": run_confined(JailSpec(**request), stdout, stderr, conn)}
+
+
+JOBS = {"grade": _grade, "jail": _jail}
+
+
+def _child(conn: socket.socket) -> None:
+    """In the forked child: lead a session of its own, read the job, announce the pid, do it, answer."""
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # jobs wait for processes of their own
+    _, fds, _, _ = socket.recv_fds(conn, 1, 2)
+    request = json.loads(conn.makefile("rb").read())
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    answer = JOBS[request.pop("job")](request, fds, conn)
     conn.sendall(json.dumps(answer).encode() + b"\n")
 
 
 def serve(path: str) -> int:
-    from . import grading  # noqa: F401 - imported once here, so children start with it
+    from . import grading, jail  # noqa: F401 - imported once here, so children start with them
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX)

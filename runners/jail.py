@@ -1,36 +1,54 @@
 """The first process of a rollout: joins the rollout's cgroup, sets limits, opens the recorder bridge, runs the harness.
 
-    python -m forgerl.runners.jail [--cgroup DIR] [--cpu-seconds N] [--bridge-port P --bridge-unix SOCK] -- ARGV...
+`run_confined` runs in a fresh child of the warm fork server
+(`forkserver.py`), so a rollout pays a fork, not a Python start-up (about
+60 ms of CPU beside the harnesses, on a small machine throughput lost). It is
+the leader of a session of its own, which the runner kills on timeout.
 
-It is a child subreaper: when the harness exits, whatever it left running
-(daemonised children included) is re-parented here and killed. Under
-`unshare --net --pid --fork --kill-child` it is also PID 1 of a fresh PID
-namespace with a network namespace of its own: when it exits (or its
-`unshare` parent is killed) the kernel kills every process left in the
-namespace, so a harness's children cannot outlive the rollout. Inside the
-network namespace it also answers DNS with "no such name" (see
-`dns_fails_fast`). Its exit status is the harness's (128 + signal when
-killed by one).
+With a bridge it unshares a network and a PID namespace (as `unshare --net
+--pid --fork --kill-child` would) and forks the jail proper: PID 1 of the
+fresh PID namespace, with only loopback, where it answers DNS with "no such
+name" (see `dns_fails_fast`) and forwards 127.0.0.1:PORT to the recorder's
+Unix socket. When PID 1 exits (or its parent dies) the kernel kills every
+process left in the namespace, so a harness's children cannot outlive the
+rollout. Without a bridge it is a child subreaper instead: whatever the
+harness left running (daemonised children included) is re-parented to it
+and killed. The status is the harness's (128 + signal when killed by one).
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import fcntl
 import os
 import resource
+import select
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
+from dataclasses import dataclass, field
 
 from .bridge import forward, unix_connector
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 36, 1
+_CLONE_NEWNET, _CLONE_NEWPID = 0x40000000, 0x20000000
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass
+class JailSpec:
+    """One harness run as the runner asks for it (sent to the fork server as JSON)."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str] = field(default_factory=dict)
+    cgroup: str = ""  # a cgroup directory to join
+    cpu_seconds: int = 0  # RLIMIT_CPU, per process
+    bridge_port: int = 0  # with bridge_unix: namespaces, and 127.0.0.1:PORT forwarded to that socket
+    bridge_unix: str = ""
 
 
 def loopback_up() -> None:
@@ -88,10 +106,13 @@ def dns_fails_fast(resolv_conf: str = "/etc/resolv.conf") -> None:
 
 def become_subreaper() -> None:
     """Orphaned descendants are re-parented to this process instead of init, so it can find them."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _unshare(flags: int) -> None:
+    if _LIBC.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
 def kill_descendants() -> None:
     """Kill and reap every process left under this one (children that daemonised included)."""
     me = os.getpid()
@@ -120,37 +141,80 @@ def kill_descendants() -> None:
                 pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="forgerl-jail")
-    p.add_argument("--cgroup", default="")
-    p.add_argument("--cpu-seconds", type=int, default=0)
-    p.add_argument("--bridge-port", type=int, default=0)
-    p.add_argument("--bridge-unix", default="")
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = p.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if args.cgroup:
-        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
+def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int:
+    """Confine this (freshly forked) process, run the harness in it, and return the harness's status.
+
+    `runner` is the connection to the runner that asked: should the runner
+    die first, everything under the jail is killed.
+    """
+    if spec.cgroup:
+        with open(os.path.join(spec.cgroup, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
-    if args.cpu_seconds:
-        resource.setrlimit(resource.RLIMIT_CPU, (args.cpu_seconds, args.cpu_seconds + 5))
-    if args.bridge_port:
-        loopback_up()
-        dns_fails_fast()
-        listener = socket.create_server(("127.0.0.1", args.bridge_port), backlog=256)
-        forward(listener, unix_connector(args.bridge_unix))
-    become_subreaper()
+    if spec.cpu_seconds:
+        resource.setrlimit(resource.RLIMIT_CPU, (spec.cpu_seconds, spec.cpu_seconds + 5))
+    if not spec.bridge_port:
+        become_subreaper()
+        code = _run(spec, stdout, stderr, runner)
+        kill_descendants()
+        return code
+    _unshare(_CLONE_NEWNET | _CLONE_NEWPID)
+    alive_r, alive_w = os.pipe()  # EOF once the parent is gone (its pid is not visible from inside)
+    pid = os.fork()
+    if pid == 0:  # PID 1 of the new namespace; the kernel kills the rest when it exits
+        code = 127
+        try:
+            os.close(alive_w)
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if select.select([alive_r], [], [], 0)[0]:  # the parent died before the line above
+                os._exit(code)
+            os.close(alive_r)
+            loopback_up()
+            dns_fails_fast()
+            listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
+            forward(listener, unix_connector(spec.bridge_unix))
+            code = _run(spec, stdout, stderr, runner)
+        except BaseException as e:  # noqa: BLE001 - reported in the rollout's stderr, as the jail's own failure
+            os.write(stderr, f"forgerl-jail: {type(e).__name__}: {e}\n".encode())
+        finally:
+            os._exit(code)
+    os.close(alive_r)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+    if _runner_gone_first(pid, runner):
+        os.kill(pid, signal.SIGKILL)
+    return _status(os.waitpid(pid, 0)[1])
+
+
+def _runner_gone_first(pid: int, runner: socket.socket) -> bool:
+    """Wait for child `pid` to exit (without reaping it), or for the runner to hang up: whether the runner did.
+
+    The runner hangs up only by dying before the harness ended, without
+    killing the jail; then what is under the jail must go too. (No watcher
+    thread: a process that has unshared a PID namespace cannot start one.)
+    """
+    exited = os.pidfd_open(pid)
     try:
-        child = subprocess.Popen(cmd)
+        events = select.poll()
+        events.register(exited, select.POLLIN)
+        events.register(runner, 0)  # only POLLHUP and POLLERR, which poll always reports
+        return exited not in dict(events.poll())
+    finally:
+        os.close(exited)
+
+
+def _run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int:
+    try:
+        child = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                 stderr=stderr)
     except OSError as e:
-        print(f"forgerl-jail: cannot start {cmd[0]}: {e}", file=sys.stderr)
+        os.write(stderr, f"forgerl-jail: cannot start {spec.argv[0]}: {e}\n".encode())
         return 127
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    if _runner_gone_first(child.pid, runner):
+        child.kill()
     code = child.wait()
-    if os.getpid() != 1:  # PID 1 of a namespace: the kernel kills the rest (and /proc shows the host's)
-        kill_descendants()
     return 128 - code if code < 0 else code
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _status(wait_status: int) -> int:
+    code = os.waitstatus_to_exitcode(wait_status)
+    return 128 - code if code < 0 else code

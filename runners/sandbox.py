@@ -1,18 +1,21 @@
 """Run one harness process tree under limits, and leave nothing behind.
 
-What is enforced, best first, as the machine allows (`Sandbox.enforced` says
-which, and every outcome records it):
+The harness runs under a jail (`jail.py`) forked from the runner's warm
+fork server (`forkserver.py`), not started as a new Python. What is
+enforced, best first, as the machine allows (`Sandbox.enforced` says which,
+and every outcome records it):
 
-* network: `unshare --net` gives the harness a network namespace with only
+* network: a network namespace (as `unshare --net`) gives the harness only
   loopback; the recorder is reached through a Unix-socket bridge
   (`bridge.py`), so no other host or port is reachable. Without
   unshare (no CAP_SYS_ADMIN, no user namespaces) the network is NOT
   isolated: the harness is only pointed at the recorder.
-* processes: `--pid --fork --kill-child` makes the jail PID 1 of its own PID
-  namespace, so every descendant dies with it, even ones that `setsid` away.
-  Always also: the jail is a child subreaper that kills what the harness
-  left behind, the process group is killed on timeout and exit, and the
-  rollout's cgroup (if any) is swept.
+* processes: the jail is PID 1 of its own PID namespace (as `unshare --pid
+  --fork --kill-child`), so every descendant dies with it, even ones that
+  `setsid` away.
+  Without namespaces the jail is a child subreaper that kills what the
+  harness left behind. Always also: the jail's process group is killed on
+  timeout, and the rollout's cgroup (if any) is swept.
 * memory: a cgroup (v1 `memory.limit_in_bytes` or v2 `memory.max`) under the
   runner's own, when writable. (RLIMIT_AS is not used: Node reserves far more
   address space than it uses.)
@@ -26,14 +29,15 @@ import functools
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from .bridge import forward, tcp_connector, unix_listener
+from .forkserver import Forked, ForkError
+from .jail import JailSpec
 
 BRIDGE_PORT = 8787  # inside the rollout's own network namespace, any port is free
 KILL_GRACE_S = 2.0
@@ -109,21 +113,20 @@ class Sandbox:
         self._cgroup = path
         self.enforced.append(f"memory {memory_mb} MiB (cgroup {path.name})")
 
-    def _command(self, argv: list[str], cpu_s: int) -> list[str]:
-        jail = [sys.executable, "-m", "forgerl.runners.jail", "--cpu-seconds", str(cpu_s)]
-        if self._cgroup:
-            jail += ["--cgroup", str(self._cgroup)]
+    def _spec(self, argv: list[str], env: dict[str, str], cwd: Path, cpu_s: int) -> JailSpec:
+        spec = JailSpec(argv, str(cwd), env, cgroup=str(self._cgroup or ""), cpu_seconds=cpu_s)
         self.enforced.append(f"cpu {cpu_s} s (rlimit)")
         if not self.netns:
             why = "no unshare here" if self.isolate_network else "left to the pod's NetworkPolicy"
             self.enforced.append(f"process group + cgroup sweep; network not isolated by the runner ({why})")
-            return [*jail, "--", *argv]
+            return spec
         sock = str(self.tmp / "recorder.sock")
         url = urlsplit(self.recorder_url)
         self._listener = unix_listener(sock)
         forward(self._listener, tcp_connector(url.hostname, url.port))
         self.enforced.append("network namespace: recorder only; PID namespace")
-        return [*UNSHARE, *jail, "--bridge-port", str(BRIDGE_PORT), "--bridge-unix", sock, "--", *argv]
+        spec.bridge_port, spec.bridge_unix = BRIDGE_PORT, sock
+        return spec
 
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, *, timeout_s: float, cpu_s: int,
             memory_mb: int) -> Result:
@@ -132,32 +135,31 @@ class Sandbox:
             self._make_cgroup(memory_mb)
         out_path, err_path = self.tmp / "stdout.log", self.tmp / "stderr.log"
         start = time.monotonic()
-        timed_out = False
-        proc = None
+        answer, job = None, None
         try:
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                proc = subprocess.Popen(self._command(argv, cpu_s), cwd=cwd, env=env, stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+                spec = self._spec(argv, env, cwd, cpu_s)
+                job = Forked({"job": "jail", **asdict(spec)}, [out.fileno(), err.fileno()])
+            answer = job.answer(timeout_s)
+        except ForkError as e:
+            raise OSError(f"the jail died without a status: {e}") from None
         finally:
-            self._kill(proc)
-        return Result(returncode=None if timed_out or proc is None else proc.returncode, timed_out=timed_out,
+            self._release(job, answer)
+        return Result(returncode=None if answer is None else answer["returncode"], timed_out=answer is None,
                       stdout=out_path.read_text(errors="replace"), stderr=err_path.read_text(errors="replace"),
                       seconds=time.monotonic() - start)
 
-    def _kill(self, proc: subprocess.Popen | None) -> None:
-        if proc is not None:
-            if proc.poll() is None:
-                _killpg(proc.pid, signal.SIGTERM)
+    def _release(self, job: Forked | None, answer: dict | None) -> None:
+        """Kill the jail's process group if it is still running, then drop the bridge and the cgroup."""
+        if job is not None:
+            if answer is None:
+                _killpg(job.pid, signal.SIGTERM)
                 try:
-                    proc.wait(timeout=KILL_GRACE_S)
-                except subprocess.TimeoutExpired:
+                    job.answer(KILL_GRACE_S)
+                except ForkError:
                     pass
-            _killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+                _killpg(job.pid, signal.SIGKILL)
+            job.close()
         if self._listener is not None:
             self._listener.close()
         if self._cgroup is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,6 +225,8 @@ class FakeKubelet:
         self.core = client.CoreV1Api(client.ApiClient(cfg))
         self.namespace, self.workdir = namespace, workdir
         self.procs: dict[str, object] = {}
+        self.deleted: set[str] = set()
+        self._lock = threading.Lock()
         self.api: KubeAPI | None = None
         self._stopped = False
 
@@ -242,7 +245,9 @@ class FakeKubelet:
                 for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace, _request_timeout=2):
                     name = event["object"].metadata.name
                     if event["type"] == "DELETED":
-                        proc = self.procs.get(name)
+                        with self._lock:  # a pod deleted before its container started never starts
+                            self.deleted.add(name)
+                            proc = self.procs.get(name)
                         if proc is not None and proc.poll() is None:
                             threading.Thread(target=self._stop_container, args=(proc,), daemon=True).start()
                     elif name not in seen:
@@ -296,15 +301,17 @@ class FakeKubelet:
         if can_unshare():  # a container is a PID namespace: nothing in it outlives it
             cmd = ["unshare", "--pid", "--fork", "--kill-child", *cmd]
         self._status(name, "Running", {"running": {"startedAt": "2026-12-03T00:00:00Z"}})
-        with open(base / "log", "wb") as log:
+        with self._lock, open(base / "log", "wb") as log:
+            if name in self.deleted:
+                return
             proc = self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                        start_new_session=True)
-            try:
-                code = proc.wait(timeout=spec.get("activeDeadlineSeconds"))
-                reason = None
-            except subprocess.TimeoutExpired:
-                self._stop_container(proc)
-                code, reason = proc.wait(), "DeadlineExceeded"
+        try:
+            code = proc.wait(timeout=spec.get("activeDeadlineSeconds"))
+            reason = None
+        except subprocess.TimeoutExpired:
+            self._stop_container(proc)
+            code, reason = proc.wait(), "DeadlineExceeded"
         logs = (base / "log").read_text(errors="replace")
         self.api.logs[name] = logs
         message = result.read_text() if result.exists() else None
