@@ -115,6 +115,18 @@ def test_tokens_and_verl_sft(recorded, tmp_path):
     assert item["loss_mask"].tolist() == row["loss_mask"]
 
 
+def test_atif(recorded, tmp_path):
+    import atif
+
+    _, _, data, _ = recorded
+    convert(data, tmp_path / "a", "--to", "atif", "--harness", "mini-swe-agent")
+    (doc_path,) = (tmp_path / "a").glob("train/*.json")
+    doc = json.loads(doc_path.read_text())
+    atif.Trajectory.model_validate(doc)
+    calls = [c for s in doc["steps"] for c in s.get("tool_calls") or []]
+    assert [(c["function_name"], c["arguments"]["command"]) for c in calls] == [("bash", cmd) for cmd in LOOP]
+
+
 def sparql_script(request: Request) -> Turn:
     """task_00067 through mini's bash tool: write the query (14 of 15 checks), then submit."""
     if "SPARQL" not in str(request.body):
