@@ -1,0 +1,204 @@
+"""OpenClaw 2026.9 (npm openclaw, pinned; on the pinned Node 24) end to end: record, convert, run a task, serve.
+
+The real `openclaw agent --local` (its embedded agent) talks Chat Completions
+to the scripted upstream (or the scripted policy) through the recorder, as
+`recorder/launch.py` aims it: a provider in `openclaw.json` under its own state
+folder, memory search, update checks and telemetry off, no workspace bootstrap
+files. A `PhoneHomeTrap` proxy catches any other host it tries. After each tool
+result OpenClaw appends a user note (its internal context), so the scripts
+count tool results instead of looking at the last message. The recording is
+made once per module and shared by the record and convert tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forgerl.recorder.launch import launch
+from forgerl.runners.harnesses import RunContext, get_harness
+from forgerl.runners.harnesses.base import node_path
+from forgerl.schema.store import read_table
+
+from conftest import FORGE_RECORD, REPO, RecorderProcess, session_calls, session_parts
+from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
+from opencode_openclaw_fixtures import PhoneHomeTrap, files_holding, tool_results
+from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_SCORE, SPARQL_TASK
+from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
+
+pytestmark = pytest.mark.slow
+KEY = "sk-proj-openclawtestopenclawtestopenc"
+ANSWER = "proof.txt says: forgerl"
+PROMPT = "Write proof.txt and read it back."
+
+
+def openclaw() -> Path:
+    path = REPO / "node_modules" / ".bin" / "openclaw"
+    if not path.exists():
+        pytest.fail(f"{path} missing: run `make test` (npm ci installs the pinned harness CLIs)")
+    return path
+
+
+def loop_script(work: Path) -> Script:
+    """Write proof.txt with `exec`, read it back with `read`, answer with its content."""
+    def script(request: Request) -> Turn:
+        step = tool_results(request)
+        if step == 0:
+            return Turn(text="Writing it.", tool_calls=[ToolCall("exec", {"command": "echo forgerl > proof.txt"})])
+        if step == 1:
+            return Turn(text="Reading it back.", tool_calls=[ToolCall("read", {"path": str(work / "proof.txt")})])
+        return Turn(text=ANSWER)
+    return script
+
+
+def agent_argv(session: str, prompt: str) -> list[str]:
+    return [str(openclaw()), "agent", "--local", "--session-id", session, "--message", prompt, "--json"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[str]]:
+    base = tmp_path_factory.mktemp("openclaw")
+    work, home = base / "work", base / "home"
+    work.mkdir()
+    home.mkdir()
+    trap = PhoneHomeTrap()
+    env = {**os.environ, **trap.env(), "HOME": str(home), "PWD": str(work), "PATH": node_path(),
+           "OPENAI_API_KEY": KEY}
+    try:
+        with ScriptedUpstream(loop_script(work)) as up:
+            r = subprocess.run([FORGE_RECORD, "run", "--out", str(base / "data"), "--session", "ocl",
+                                "--upstream-openai", up.url, "--", *agent_argv("ocl", PROMPT), "--model", "gpt-5.4"],
+                               cwd=work, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    finally:
+        trap.close()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return base, r, base / "data", trap.requests
+
+
+def test_records_a_tool_loop(recorded):
+    base, r, data, phoned = recorded
+    assert phoned == [], "OpenClaw called something besides the recorder"
+    assert (base / "work" / "proof.txt").read_text() == "forgerl\n"
+    assert sorted(p.name for p in (base / "work").iterdir()) == ["proof.txt"], "bootstrap files were written"
+    ctx = RunContext("", base / "work", base / "home", "", "ocl")
+    assert get_harness("openclaw").final_answer(r.stdout, ctx) == ANSWER
+    calls = session_calls(data, "ocl", 3)
+    assert len(calls) == 3 and all(c["api"] == "chat" and c["complete"] and c["error"] is None for c in calls)
+    assert all(c["path"] == "/v1/chat/completions" and c["model_requested"] == "gpt-5.4" for c in calls)
+    assert {"exec", "process", "read", "write", "edit", "apply_patch", "ls", "tool_search", "tool_call"} <= {
+        t["name"] for t in json.loads(calls[0]["tools"])}
+    parts = {h: json.loads(p) for h, p in session_parts(data, "ocl").items()}
+    made = [parts[h]["tool_name"] for c in calls for h in c["output_refs"] if parts[h]["type"] == "tool_call"]
+    assert made == ["exec", "read"]
+    # the history carries the calls under ids OpenClaw rewrote (`call_x` -> `callx`): the results answer those
+    named = {p["call_id"]: p["tool_name"] for p in parts.values() if p["type"] == "tool_call"}
+    read_back = [p for p in parts.values() if p["type"] == "tool_result" and named.get(p["call_id"]) == "read"]
+    assert read_back and "forgerl" in read_back[0]["text"]
+    sessions = read_table(data, "sessions").to_pylist()
+    assert {s["harness"] for s in sessions} == {"openclaw"}
+    assert "session ocl (openclaw)" in r.stderr and "exec x1" in r.stderr and "read x1" in r.stderr
+    leaked = files_holding(KEY[8:], data, base / "home", base / "work")
+    assert not leaked, leaked
+
+
+def test_tokens_and_verl_sft(recorded, tmp_path):
+    """OpenClaw's requests are not append-only: each ends with a transient user note (its runtime context:
+    active exec sessions, subagents, media tasks) that the next request drops, and the history carries the
+    tool call ids rewritten. So every call starts its own segment, chained to the one before."""
+    from forgerl.trainer.sft_dataset import ForgeSFTDataset
+
+    _, _, data, _ = recorded
+    manifest = convert(data, tmp_path / "s", "--to", "verl-sft", "--harness", "openclaw")
+    assert manifest["counts"]["sessions"] == 1 and not manifest["counts"].get("tools_absent_calls")
+    convert(data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "openclaw")
+    segs = {r["segment_id"]: r for r in rows(tmp_path / "t")}
+    assert {k: (r["segment_reason"], r["parent_segment"], r["parent_position"], r["num_turns"], r["harness"])
+            for k, r in segs.items()} == {"ocl:0": ("start", None, None, 1, "openclaw"),
+                                          "ocl:1": ("edited_history", "ocl:0", 1, 1, "openclaw"),
+                                          "ocl:2": ("edited_history", "ocl:1", 1, 1, "openclaw")}
+    files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
+    ds = ForgeSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 65536,
+                                                   "ignore_input_ids_mismatch": True})
+    order = [r["segment_id"] for r in rows(tmp_path / "s")]
+    assert sorted(order) == sorted(segs)
+    last = ds.messages[order.index("ocl:2")]
+    calls = [c for m in last if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in calls] == ["exec", "read"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"command": "echo forgerl > proof.txt"}
+    assert last[-1]["role"] == "assistant" and ANSWER in str(last[-1]["content"])
+    assert {"exec", "read"} <= {t["function"]["name"] for t in ds.tools[0]}
+    for i, segment_id in enumerate(order):
+        item = ds[i]
+        assert item["input_ids"].tolist() == segs[segment_id]["input_ids"]
+        assert item["loss_mask"].tolist() == segs[segment_id]["loss_mask"]
+
+
+def sparql_script(request: Request) -> Turn:
+    """task_00067 through OpenClaw's exec tool: write the query (14 of 15 checks), then say so."""
+    if tool_results(request) == 0:
+        cmd = f"cat > query_output.sparql <<'EOF'\n{SPARQL_QUERY}EOF"
+        return Turn(text="Writing the query.", tool_calls=[ToolCall("exec", {"command": cmd})])
+    return Turn(text="Wrote query_output.sparql.")
+
+
+def test_forge_run_grades_a_task(scripted, tmp_path):
+    openclaw()
+    up = scripted(sparql_script)
+    out = tmp_path / "data"
+    r = subprocess.run([str(Path(sys.executable).with_name("forge-run")), str(BENCH), "--task", SPARQL_TASK,
+                        "--harness", "openclaw", "--upstream", up.url, "--out", str(out)],
+                       capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = read_table(out, "outcomes").to_pylist()
+    assert row["harness"] == "openclaw" and row["model"] == "gpt-5.4"
+    assert row["reward"] == pytest.approx(SPARQL_SCORE) and row["status"] == "failed"
+    extra = json.loads(row["extra"])
+    assert extra["final_answer"] == "Wrote query_output.sparql."
+    events = [json.loads(line) for line in extra["harness_transcript"].splitlines()]
+    results = [e["message"] for e in events if e["type"] == "message" and e["message"]["role"] == "toolResult"]
+    assert [m["toolName"] for m in results] == ["exec"]
+    calls = read_table(out, "calls").to_pylist()
+    assert len(calls) == 2 and all(c["error"] is None and c["status"] == 200 for c in calls)
+
+
+OPENCLAW_TURNS = ['I\'ll write it.\n<tool_call>\n{"name": "exec", "arguments": {"command": "echo forgerl > proof.txt"}}'
+                  '\n</tool_call>', "<think>\nIt worked.\n</think>\n\nDone."]
+
+
+def test_served_by_the_policy(tmp_path, monkeypatch):
+    tok = qwen_tokenizer()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(OPENCLAW_TURNS))
+    served = RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer",
+                             str(TOKENIZER_DIR), "--served-model", "qwen3-policy").start()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # launch() is called where the harness runs, as forge-record run does
+    trap = PhoneHomeTrap()
+    try:
+        aimed = launch([*agent_argv("os", "Write proof.txt"), "--model", "qwen3-policy"], served.url, "os", tmp_path)
+        r = subprocess.run(aimed.argv, cwd=work, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **trap.env(), "HOME": str(tmp_path), "PWD": str(work),
+                                "PATH": node_path(), "OPENAI_API_KEY": KEY, **aimed.env}, stdin=subprocess.DEVNULL)
+    finally:
+        served.stop()
+        trap.close()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert trap.requests == []
+    assert (work / "proof.txt").read_text() == "forgerl\n"
+    assert get_harness("openclaw").final_answer(r.stdout, RunContext("", work, tmp_path, "", "os")) == "Done."
+    calls = session_calls(tmp_path / "data", "os", 2)
+    for call, text in zip(calls, OPENCLAW_TURNS):
+        assert call["api"] == "chat" and call["policy_version"] == "qwen3-policy" and call["error"] is None
+        assert tok.decode(call["completion_token_ids"][:-1], skip_special_tokens=False) == text
+    # no continuation check: OpenClaw's second prompt drops the runtime-context note that ended the first
+    assert "<tool_response>" in tok.decode(calls[1]["prompt_token_ids"])
+    state = tmp_path / "openclaw"  # the launcher's state folder, in the scratch dir it was given
+    assert list(state.glob("agents/*/agent/openclaw-agent.sqlite"))
+    leaked = files_holding(KEY[8:], tmp_path)
+    assert not leaked, leaked
