@@ -102,9 +102,12 @@ def pi_models(base_url: str, session: str, model: str) -> dict:
 
 def pi(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
     """pi with its agent dir in `scratch` (a custom provider can only come from `models.json` there) and its
-    sessions where pi keeps them for this folder. `--model M` (or `provider/M`) names the upstream model."""
-    rest, model = _drop_options(argv[1:], ("--provider", "--model"))
-    model = model.get("--model", "policy").split("/", 1)[-1]
+    sessions where pi keeps them for this folder. `--model M` names the upstream model (a `P/` prefix naming
+    the given `--provider P` is dropped; `Qwen/Qwen3-8B` stays whole)."""
+    rest, given = _drop_options(argv[1:], ("--provider", "--model"))
+    model = given.get("--model", "policy")
+    for provider in (PI_PROVIDER, given.get("--provider")):
+        model = model.removeprefix(f"{provider}/") if provider else model
     agent = scratch / "pi-agent"
     agent.mkdir(parents=True, exist_ok=True)
     (agent / "models.json").write_text(json.dumps(pi_models(base_url, session, model), indent=2))

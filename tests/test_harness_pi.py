@@ -77,3 +77,16 @@ def test_adapter_points_at_the_recorder(tmp_path):
     assert provider["apiKey"] == "OPENAI_API_KEY" and provider["models"] == [{"id": "qwen3"}]
     assert env["OPENAI_API_KEY"] == KEY and env["PI_OFFLINE"] == "1" and env["PI_TELEMETRY"] == "0"
     assert not files_holding([ctx.home], KEY[8:])
+
+
+def test_launcher_keeps_the_model_name(tmp_path):
+    """`forge-record run -- pi ...`: the user's provider gives way to the recorder's; the model id stays whole."""
+    from forgerl.recorder.launch import pi
+
+    for given, model in ((["--provider", "openai", "--model", "openai/gpt-4o"], "gpt-4o"),
+                         (["--model", "Qwen/Qwen3-8B"], "Qwen/Qwen3-8B"), (["--model=forgerl/qwen3"], "qwen3")):
+        aimed = pi(["pi", "-p", *given, "hi"], "http://127.0.0.1:8787", "s1", tmp_path / model.replace("/", "_"))
+        assert aimed.argv == ["pi", "-p", "hi", "--provider", "forgerl", "--model", model]
+        models = json.loads((tmp_path / model.replace("/", "_") / "pi-agent" / "models.json").read_text())
+        assert models["providers"]["forgerl"]["models"] == [{"id": model}]
+    assert aimed.env["PI_CODING_AGENT_DIR"].startswith(str(tmp_path)) and aimed.env["PI_OFFLINE"] == "1"
