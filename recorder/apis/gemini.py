@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
-from forgerl.recorder.apis.common import (HINTS, Fragments, PartOf, StreamState, block, blob_from_base64, base64_of,
+from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, StreamState, block, blob_from_base64, base64_of,
                                           dict_list, dump_arguments, keep_latest, message_extra, params_without,
                                           split_extra, take, tool_spec)
 from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension, token_extension
@@ -236,7 +236,7 @@ def _read_system(value: Any, part_of: PartOf) -> Message | None:
     return None
 
 
-def _write_system(message: Message, block_of) -> Any:
+def _write_system(message: Message, block_of: BlockOf) -> Any:
     leftover, hints = split_extra(message.extra)
     if hints.get("string_content") and len(message.parts) == 1 and message.parts[0].text is not None:
         return message.parts[0].text
@@ -259,13 +259,18 @@ def _read_content(wire: dict[str, Any], part_of: PartOf) -> Message:
     return Message(role, tuple(part_of(part) for part in parts), message_extra(rest, hints))  # type: ignore[arg-type]
 
 
-def _write_content(message: Message, block_of) -> dict[str, Any]:
+def _write_content(message: Message, block_of: BlockOf) -> dict[str, Any]:
     leftover, hints = split_extra(message.extra)
     out: dict[str, Any] = {} if hints.get("no_role") else {"role": _WIRE_ROLES.get(message.role, message.role)}
     if message.parts:
         out["parts"] = [block_of(part) for part in message.parts]
     out.update(leftover)
     return out
+
+
+# wire key -> (part type, the object's payload key, the Part field holding it as compact JSON)
+_FUNCTION_PARTS = {"functionCall": ("tool_call", "args", "arguments"),
+                   "functionResponse": ("tool_result", "response", "text")}
 
 
 def _part_reader(blobs: dict[str, bytes]) -> PartOf:
@@ -277,18 +282,12 @@ def _part_reader(blobs: dict[str, bytes]) -> PartOf:
                 return Part("reasoning", text=rest.pop("text"), signature=take(rest, "thoughtSignature", str),
                             extra=rest or None)
             return Part("text", text=rest.pop("text"), extra=rest or None)
-        if isinstance(rest.get("functionCall"), dict):
-            call = dict(rest.pop("functionCall"))
-            arguments = take(call, "args", dict)
-            part = dict(tool_name=take(call, "name", str), call_id=take(call, "id", str),
-                        arguments=None if arguments is None else dump_arguments(arguments))
-            return Part("tool_call", **part, extra=_with(rest, "functionCall", call))
-        if isinstance(rest.get("functionResponse"), dict):
-            result = dict(rest.pop("functionResponse"))
-            response = take(result, "response", dict)
-            part = dict(tool_name=take(result, "name", str), call_id=take(result, "id", str),
-                        text=None if response is None else dump_arguments(response))
-            return Part("tool_result", **part, extra=_with(rest, "functionResponse", result))
+        for key, (kind, payload, field) in _FUNCTION_PARTS.items():
+            if isinstance(rest.get(key), dict):
+                inner = dict(rest.pop(key))
+                value = take(inner, payload, dict)
+                return Part(kind, tool_name=take(inner, "name", str), call_id=take(inner, "id", str),
+                            **{field: None if value is None else dump_arguments(value)}, extra=_with(rest, key, inner))
         image = _image(rest, blobs)
         return image if image is not None else Part("other", extra=dict(wire))
 
@@ -320,22 +319,19 @@ def _is_image(mime: Any) -> bool:
     return isinstance(mime, str) and mime.startswith("image/")
 
 
-def _block_writer(blobs: Mapping[str, bytes]):
+def _block_writer(blobs: Mapping[str, bytes]) -> BlockOf:
     def block_of(part: Part) -> dict[str, Any]:
         rest = dict(part.extra or {})
         if part.type == "text":
             return {"text": part.text, **rest}
         if part.type == "reasoning":
             return block(rest, text=part.text, thought=True, thoughtSignature=part.signature)
-        if part.type == "tool_call":
-            arguments = None if part.arguments is None else json.loads(part.arguments)
-            call = block(rest.pop("functionCall", None), id=part.call_id, name=part.tool_name, args=arguments)
-            return {"functionCall": call, **rest}
-        if part.type == "tool_result":
-            response = None if part.text is None else json.loads(part.text)
-            result = block(rest.pop("functionResponse", None), id=part.call_id, name=part.tool_name,
-                           response=response)
-            return {"functionResponse": result, **rest}
+        for key, (kind, payload, field) in _FUNCTION_PARTS.items():
+            if part.type == kind:
+                value = getattr(part, field)
+                inner = block(rest.pop(key, None), id=part.call_id, name=part.tool_name,
+                              **{payload: None if value is None else json.loads(value)})
+                return {key: inner, **rest}
         if part.type == "image" and part.blob_hash is not None:
             return {"inlineData": {"mimeType": part.media_type, "data": base64_of(blobs, part.blob_hash)}, **rest}
         if part.type == "image":
