@@ -41,9 +41,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
-from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, StreamState, block, blob_from_base64, base64_of,
-                                          dict_list, dump_arguments, keep_latest, message_extra, params_without,
-                                          split_extra, take, tool_spec)
+from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, StreamState, block, blob_from_base64,
+                                          base64_of, dict_list, dump_arguments, keep_latest, message_extra,
+                                          params_without, split_extra, take, tool_spec)
 from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension, token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part, Usage
