@@ -21,7 +21,7 @@ from forgerl.analysis.kinds import TOOL_KINDS
 from forgerl.runners.harnesses import RunContext, get_harness
 
 from conftest import FORGE_RECORD, RecorderProcess, session_calls
-from convert_fixtures import TOKENIZER_DIR
+from convert_fixtures import TOKENIZER_DIR, convert
 from qwen_pi_fixtures import ANSWER, PROOF, ProxyTrap, check_sft, files_holding, forge_run_sparql
 from runner_fixtures import SPARQL_QUERY, SPARQL_SCORE
 from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
@@ -106,6 +106,16 @@ def test_record_tool_loop(recorded):
 
 def test_tokens_and_verl_sft(recorded, tmp_path):
     check_sft(recorded["data"], tmp_path, "gemini-cli", "gm", ("write_file", "read_file"))
+
+
+def test_atif(recorded, tmp_path):
+    convert(recorded["data"], tmp_path, "--to", "atif", "--harness", "gemini-cli")
+    (path,) = (tmp_path / "train").glob("*.json")
+    trajectory = json.loads(path.read_text())
+    assert trajectory["agent"]["name"] == "gemini-cli" and trajectory["agent"]["model_name"] == MODEL
+    agent = [step for step in trajectory["steps"] if step["source"] == "agent"]
+    assert [c["function_name"] for step in agent for c in step.get("tool_calls") or []] == ["write_file", "read_file"]
+    assert "forgerl proof" in json.dumps(agent[1]["observation"]) and agent[-1]["message"] == ANSWER
 
 
 def sparql_script(request: Request) -> Turn:
