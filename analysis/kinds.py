@@ -51,6 +51,16 @@ TOOL_KINDS: dict[str, str] = {
     "replace": "write", "read_many_files": "read", "google_web_search": "web",
     "list_background_processes": "shell", "read_background_output": "shell",
     "write_todos": "plan", "update_topic": "plan", "invoke_agent": "subagent",
+    # OpenClaw 2026.9.6 (offered up front: exec, process, read, write, edit, apply_patch, ls as above; the
+    # deferred ones it calls through `tool_call`, e.g. browser, web_*, view_image, file_write as above).
+    # `sessions_spawn` is its subagent tool; `subagents`, `agents_wait` and `sessions_yield` steer or await
+    # subagents; goals are its plan. tool_search / tool_describe / tool_call (deferred-tool discovery) are other.
+    "terminal": "shell", "dir_list": "read", "dir_fetch": "read", "file_fetch": "read", "pdf": "read",
+    "memory_get": "read", "subagents": "subagent", "agents_wait": "subagent", "sessions_yield": "subagent",
+    "create_goal": "plan", "update_goal": "plan", "get_goal": "plan",
+    # OpenCode 1.18.33 (bash, read, edit, write, glob, grep, apply_patch as above; a gpt-* model gets
+    # apply_patch in place of edit and write). `task` is its subagent tool, `todowrite` its plan.
+    "webfetch": "web", "websearch": "web", "todowrite": "plan", "plan_enter": "plan", "plan_exit": "plan",
     # Subagent tools of every harness: one list, which the thread segmenter also reads.
     **{name: "subagent" for name in SUBAGENT_TOOLS},
 }
