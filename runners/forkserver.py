@@ -11,12 +11,15 @@ multiprocessing's own forkserver does not fit: it re-imports the caller's
 `__main__` in every child.
 
 Per job the client sends one byte carrying the file descriptors the job
-needs (SCM_RIGHTS), then a JSON request, and closes its side. The child
+needs (SCM_RIGHTS), then a JSON request (4-byte length first). The child
 answers `{"pid": N}` at once (it leads a session of its own, so N is also the
-process group to kill), then the job's answer:
+process group to kill), then the job's answer, a line each:
 
 - `{"job": "jail", ...JailSpec}` with the harness's stdout and stderr:
-  `{"returncode": N}` once the harness has exited (`jail.run_confined`).
+  `{"ready": true}` once confined (namespaces made, bridge open), then, after
+  the client's `GO` byte, `{"returncode": N}` once the harness has exited
+  (`jail.run_confined`). So a runner can confine the next rollout while a
+  slot is still busy, and start its harness at once when the slot frees.
 - `{"job": "grade", "code", "transcript", "workspace"}`: `{"ok": true,
   "scores": {...}}` or `{"ok": false, "error": "..."}`.
 """
@@ -28,6 +31,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -37,6 +41,9 @@ from collections.abc import Sequence
 
 _LOCK = threading.Lock()
 _SERVER: tuple[subprocess.Popen, str] | None = None
+
+
+GO = b"G"
 
 
 class ForkError(RuntimeError):
@@ -69,13 +76,17 @@ class Forked:
         self._buffer = b""
         try:
             self._conn.connect(_socket_path())
+            payload = json.dumps(request).encode()
             socket.send_fds(self._conn, [b"J"], list(fds))
-            self._conn.sendall(json.dumps(request).encode())
-            self._conn.shutdown(socket.SHUT_WR)
+            self._conn.sendall(struct.pack(">I", len(payload)) + payload)
             self.pid: int = json.loads(self._line(None))["pid"]
         except BaseException:
             self._conn.close()
             raise
+
+    def go(self) -> None:
+        """Let a job that waits for it (a confined jail) go on."""
+        self._conn.sendall(GO)
 
     def answer(self, timeout: float | None) -> dict | None:
         """The job's answer; None if it is still running after `timeout` s; ForkError if it died silent."""
@@ -136,8 +147,13 @@ def _grade(request: dict, fds: list[int], conn: socket.socket) -> dict:
 def _jail(request: dict, fds: list[int], conn: socket.socket) -> dict:
     from .jail import JailSpec, run_confined
 
+    def ready() -> bool:
+        """Say so, and wait for the runner's go (False: it hung up instead)."""
+        conn.sendall(b'{"ready": true}\n')
+        return conn.recv(1) == GO
+
     stdout, stderr = fds
-    return {"returncode": run_confined(JailSpec(**request), stdout, stderr, conn)}
+    return {"returncode": run_confined(JailSpec(**request), stdout, stderr, conn, ready)}
 
 
 JOBS = {"grade": _grade, "jail": _jail}
@@ -148,10 +164,20 @@ def _child(conn: socket.socket) -> None:
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # jobs wait for processes of their own
     _, fds, _, _ = socket.recv_fds(conn, 1, 2)
-    request = json.loads(conn.makefile("rb").read())
+    request = json.loads(_exactly(conn, struct.unpack(">I", _exactly(conn, 4))[0]))
     conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
     answer = JOBS[request.pop("job")](request, fds, conn)
     conn.sendall(json.dumps(answer).encode() + b"\n")
+
+
+def _exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the client hung up mid-request")
+        data += chunk
+    return data
 
 
 def serve(path: str) -> int:

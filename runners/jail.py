@@ -28,6 +28,7 @@ import socket
 import struct
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .bridge import forward, unix_connector
@@ -141,11 +142,14 @@ def kill_descendants() -> None:
                 pass
 
 
-def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int:
+def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket,
+                 ready: Callable[[], bool]) -> int:
     """Confine this (freshly forked) process, run the harness in it, and return the harness's status.
 
-    `runner` is the connection to the runner that asked: should the runner
-    die first, everything under the jail is killed.
+    Once confined it calls `ready()`, which returns when the harness may
+    start (False: never; the runner is gone). `runner` is the connection to
+    the runner that asked: should the runner die first, everything under
+    the jail is killed.
     """
     if spec.cgroup:
         with open(os.path.join(spec.cgroup, "cgroup.procs"), "w") as f:
@@ -154,6 +158,8 @@ def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket
         resource.setrlimit(resource.RLIMIT_CPU, (spec.cpu_seconds, spec.cpu_seconds + 5))
     if not spec.bridge_port:
         become_subreaper()
+        if not ready():
+            return 127
         code = _run(spec, stdout, stderr, runner)
         kill_descendants()
         return code
@@ -172,7 +178,8 @@ def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket
             dns_fails_fast()
             listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
             forward(listener, unix_connector(spec.bridge_unix))
-            code = _run(spec, stdout, stderr, runner)
+            if ready():
+                code = _run(spec, stdout, stderr, runner)
         except BaseException as e:  # noqa: BLE001 - reported in the rollout's stderr, as the jail's own failure
             os.write(stderr, f"forgerl-jail: {type(e).__name__}: {e}\n".encode())
         finally:

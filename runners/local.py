@@ -65,17 +65,17 @@ class LocalRunner(BatchRunner):
         workspace, home = tmp / "workspace", tmp / "home"
         home.mkdir()
         prepare_workspace(task, workspace)
-        sandbox = Sandbox(tmp, self.recorder_url, self.isolate_network)
-        ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, self.model, dict(self.env))
-        argv, harness_env = self.harness.command(self.exe, ctx)
-        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
-        timings["setup"] = round(time.monotonic() - clock, 4)
-        clock = time.monotonic()
-        with self.harness_slot:
-            timings["queued"] = round(time.monotonic() - clock, 4)
-            try:
-                result = sandbox.run(argv, env, workspace, timeout_s=self.timeout_s or task.timeout_s,
-                                     cpu_s=task.cpu_s, memory_mb=task.memory_mb)
+        with Sandbox(tmp, self.recorder_url, self.isolate_network) as sandbox:
+            ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, self.model, dict(self.env))
+            argv, harness_env = self.harness.command(self.exe, ctx)
+            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
+            try:  # confined before a harness slot frees, so the harness starts the moment one does
+                sandbox.confine(argv, env, workspace, cpu_s=task.cpu_s, memory_mb=task.memory_mb)
+                timings["setup"] = round(time.monotonic() - clock, 4)
+                clock = time.monotonic()
+                with self.harness_slot:
+                    timings["queued"] = round(time.monotonic() - clock, 4)
+                    result = sandbox.run(self.timeout_s or task.timeout_s)
             except OSError as e:
                 raise InfraError(f"sandbox failed to start: {e}") from None
         timings["harness"] = round(result.seconds, 4)

@@ -41,6 +41,7 @@ from .jail import JailSpec
 
 BRIDGE_PORT = 8787  # inside the rollout's own network namespace, any port is free
 KILL_GRACE_S = 2.0
+CONFINE_TIMEOUT_S = 30.0
 UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
 
 
@@ -91,6 +92,7 @@ class Sandbox:
     enforced: list[str] = field(default_factory=list)
     _cgroup: Path | None = None
     _listener: object = None
+    _job: Forked | None = None
 
     def __post_init__(self) -> None:
         self.netns = self.isolate_network and can_unshare()
@@ -128,29 +130,44 @@ class Sandbox:
         spec.bridge_port, spec.bridge_unix = BRIDGE_PORT, sock
         return spec
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path, *, timeout_s: float, cpu_s: int,
-            memory_mb: int) -> Result:
-        """Run to completion or timeout; always kill what is left and release the cgroup and bridge."""
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def confine(self, argv: list[str], env: dict[str, str], cwd: Path, *, cpu_s: int, memory_mb: int) -> None:
+        """Make the jail (namespaces, bridge, cgroup) and leave it waiting for `run`: OSError if it cannot."""
         if memory_mb > 0:  # 0: no memory limit (and no cgroup)
             self._make_cgroup(memory_mb)
-        out_path, err_path = self.tmp / "stdout.log", self.tmp / "stderr.log"
-        start = time.monotonic()
-        answer, job = None, None
+        with open(self.tmp / "stdout.log", "wb") as out, open(self.tmp / "stderr.log", "wb") as err:
+            self._job = Forked({"job": "jail", **asdict(self._spec(argv, env, cwd, cpu_s))},
+                               [out.fileno(), err.fileno()])
         try:
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                spec = self._spec(argv, env, cwd, cpu_s)
-                job = Forked({"job": "jail", **asdict(spec)}, [out.fileno(), err.fileno()])
-            answer = job.answer(timeout_s)
+            if self._job.answer(CONFINE_TIMEOUT_S) != {"ready": True}:
+                raise OSError(f"the jail was not ready after {CONFINE_TIMEOUT_S:.0f} s")
         except ForkError as e:
+            raise OSError(f"the jail died before the harness started: {e}") from None
+
+    def run(self, timeout_s: float) -> Result:
+        """Start the confined harness; run it to completion or timeout, then kill what is left and release."""
+        start = time.monotonic()
+        answer = None
+        try:
+            self._job.go()
+            answer = self._job.answer(timeout_s)
+        except (ForkError, OSError) as e:
             raise OSError(f"the jail died without a status: {e}") from None
         finally:
-            self._release(job, answer)
+            self.release(answer)
         return Result(returncode=None if answer is None else answer["returncode"], timed_out=answer is None,
-                      stdout=out_path.read_text(errors="replace"), stderr=err_path.read_text(errors="replace"),
+                      stdout=(self.tmp / "stdout.log").read_text(errors="replace"),
+                      stderr=(self.tmp / "stderr.log").read_text(errors="replace"),
                       seconds=time.monotonic() - start)
 
-    def _release(self, job: Forked | None, answer: dict | None) -> None:
-        """Kill the jail's process group if it is still running, then drop the bridge and the cgroup."""
+    def release(self, answer: dict | None = None) -> None:
+        """Kill the jail's process group unless it answered, then drop the bridge and the cgroup (once)."""
+        job, self._job = self._job, None
         if job is not None:
             if answer is None:
                 _killpg(job.pid, signal.SIGTERM)
@@ -160,10 +177,12 @@ class Sandbox:
                     pass
                 _killpg(job.pid, signal.SIGKILL)
             job.close()
-        if self._listener is not None:
-            self._listener.close()
-        if self._cgroup is not None:
-            _sweep_cgroup(self._cgroup)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            _sweep_cgroup(cgroup)
 
 
 def _killpg(pgid: int, sig: int) -> None:
