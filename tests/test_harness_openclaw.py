@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from forgerl.analysis import connect
 from forgerl.recorder.launch import launch
 from forgerl.runners.harnesses import RunContext, get_harness
 from forgerl.runners.harnesses.base import node_path
@@ -100,7 +101,10 @@ def test_records_a_tool_loop(recorded):
     read_back = [p for p in parts.values() if p["type"] == "tool_result" and named.get(p["call_id"]) == "read"]
     assert read_back and "forgerl" in read_back[0]["text"]
     sessions = read_table(data, "sessions").to_pylist()
-    assert {s["harness"] for s in sessions} == {"openclaw"}
+    assert [(s["harness"], s["harness_rank"], s["harness_evidence"]) for s in sessions] == [
+        ("openclaw", 3, "system-prompt:running inside OpenClaw")]
+    kinds = connect(data).sql("SELECT tool_name, kind FROM tool_calls WHERE session_id = 'ocl' ORDER BY turn")
+    assert kinds.fetchall() == [("exec", "shell"), ("read", "read")]
     assert "session ocl (openclaw)" in r.stderr and "exec x1" in r.stderr and "read x1" in r.stderr
     leaked = files_holding(KEY[8:], data, base / "home", base / "work")
     assert not leaked, leaked

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from forgerl.analysis import connect
 from forgerl.recorder.launch import launch
 from forgerl.runners.harnesses import RunContext, get_harness
 from forgerl.schema.store import read_table
@@ -91,7 +92,10 @@ def test_records_a_tool_loop(recorded):
     read_back = [p for p in parts if p["type"] == "tool_result" and made.get(p["call_id"]) == "read"]
     assert read_back and "forgerl" in read_back[0]["text"]
     sessions = read_table(data, "sessions").to_pylist()
-    assert {s["harness"] for s in sessions} == {"opencode"}
+    assert [(s["harness"], s["harness_rank"], s["harness_evidence"]) for s in sessions] == [
+        ("opencode", 3, "system-prompt:You are OpenCode, ")]  # its prompt for gpt-* models
+    kinds = connect(data).sql("SELECT tool_name, kind FROM tool_calls WHERE session_id = 'oc' ORDER BY turn")
+    assert kinds.fetchall() == [("bash", "shell"), ("read", "read")]
     assert "session oc (opencode)" in r.stderr and "bash x1" in r.stderr and "read x1" in r.stderr
     leaked = files_holding(KEY[8:], data, base / "home", base / "work")
     assert not leaked, leaked
