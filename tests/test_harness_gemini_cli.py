@@ -20,9 +20,9 @@ from transformers import AutoTokenizer
 from forgerl.analysis.kinds import TOOL_KINDS
 from forgerl.runners.harnesses import RunContext, get_harness
 
-from conftest import FORGE_RECORD, RecorderProcess, session_calls
+from conftest import FORGE_RECORD, session_calls
 from convert_fixtures import TOKENIZER_DIR, convert
-from qwen_pi_fixtures import ANSWER, PROOF, ProxyTrap, check_sft, files_holding, forge_run_sparql
+from qwen_pi_fixtures import ANSWER, PROOF, ProxyTrap, check_sft, files_holding, forge_run_sparql, serve_turns
 from runner_fixtures import SPARQL_QUERY, SPARQL_SCORE
 from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
 from test_harnesses import needs, tool_exchange
@@ -142,28 +142,19 @@ SERVED_TURNS = ['I\'ll write the file.\n<tool_call>\n{"name": "run_shell_command
 def test_served_by_the_policy(tmp_path):
     """The runner adapter against `forge-record serve --policy script:FILE`: the policy's tokens drive the
     real CLI over the Gemini API, and the second prompt continues the first call's token ids."""
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(SERVED_TURNS))
-    served = RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer",
-                             str(TOKENIZER_DIR), "--served-model", "qwen3-policy").start()
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    adapter = get_harness("gemini-cli")
-    ctx = RunContext("Write proof.txt", work, home, served.url, "sv", "qwen3-policy", {"GEMINI_API_KEY": KEY})
+    needs("gemini")
     trap = ProxyTrap()
     try:
-        argv, env = adapter.command(adapter.find(), ctx)
-        r = subprocess.run(argv, cwd=work, env={"LANG": "C.UTF-8", **env, **trap.env()}, capture_output=True,
-                           text=True, timeout=240, stdin=subprocess.DEVNULL)
+        r, calls = serve_turns(tmp_path, "gemini-cli", SERVED_TURNS, trap, "gemini", {"GEMINI_API_KEY": KEY})
     finally:
-        served.stop()
         trap.close()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert trap.hits == []
+    work = tmp_path / "work"
+    ctx = RunContext("", work, tmp_path / "home", "", "sv")
     assert (work / "proof.txt").read_text() == "forgerl\n"
-    assert adapter.final_answer(r.stdout, ctx) == "Done."
-    assert adapter.transcript_files(ctx), "no Gemini CLI transcript"
-    calls = [c for c in session_calls(tmp_path / "data", "sv", 2) if c["api"] == "gemini"]
+    assert get_harness("gemini-cli").final_answer(r.stdout, ctx) == "Done."
+    assert get_harness("gemini-cli").transcript_files(ctx), "no Gemini CLI transcript"
     assert len(calls) == 2 and all(c["policy_version"] == "qwen3-policy" and c["error"] is None for c in calls)
     tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     for call, text in zip(calls, SERVED_TURNS):
@@ -171,6 +162,7 @@ def test_served_by_the_policy(tmp_path):
     assert called(calls) == ["run_shell_command"]
     held = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
     assert calls[1]["prompt_token_ids"][:len(held)] == held, "the second turn re-tokenised the history"
+    assert not files_holding([tmp_path], KEY[6:]), "the API key reached the disk"
 
 
 def test_adapter_points_at_the_recorder(tmp_path):
