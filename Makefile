@@ -54,7 +54,9 @@ harnesses: $(NPM_STAMP)
 # needs Node >= 24.16; the machine's Node 20 is too old for it and Qwen Code).
 # Installed without lifecycle scripts (OpenClaw's preinstall refuses Node 20,
 # and npm 11 skips unapproved ones anyway); the two that matter then run on
-# Node 24: Claude Code's native binary and OpenCode's platform binary.
+# Node 24: Claude Code's native binary and OpenCode's platform binary. Qwen
+# Code's bundled ripgrep comes without its execute bit (it falls back to a
+# slower built-in grep without it).
 # `npm install` rather than `npm ci`: the lock names other platforms' optional
 # binaries (@teddyzhu/clipboard-darwin-*) that the registry here lacks, which
 # `npm ci` refuses; `install` takes every version from the lock all the same.
@@ -63,6 +65,7 @@ $(NPM_STAMP): package.json package-lock.json
 	npm install --no-audit --no-fund --ignore-scripts
 	$(NODE_PATH_ENV) node node_modules/@anthropic-ai/claude-code/install.cjs
 	cd node_modules/opencode-ai && $(NODE_PATH_ENV) node postinstall.mjs
+	chmod +x node_modules/@qwen-code/qwen-code/vendor/ripgrep/x64-linux/rg
 	touch $@
 
 demo: $(PY_STAMP)

@@ -40,7 +40,7 @@ TOOL_KINDS: dict[str, str] = {
     "run_shell_command": "shell", "write_file": "write", "notebook_edit": "write",
     "list_directory": "read", "zoom_image": "read", "grep_search": "search",
     "todo_write": "plan", "enter_plan_mode": "plan", "exit_plan_mode": "plan", "task_create": "plan",
-    "task_update": "plan", "task_list": "plan", "agent": "subagent",
+    "task_update": "plan", "task_list": "plan",  # its subagent tool, agent: SUBAGENT_TOOLS
     # pi 0.73.1 (built-in tools; read, edit, write, grep as above)
     "bash": "shell", "find": "search", "ls": "read",
     # mini-swe-agent 2.4.6: one tool, `bash` (as pi's above; v2 sends it as a tool definition and calls it
@@ -50,7 +50,7 @@ TOOL_KINDS: dict[str, str] = {
     # `write_todos` and `update_topic` (its chapter/progress narration) its plan tools.
     "replace": "write", "read_many_files": "read", "google_web_search": "web",
     "list_background_processes": "shell", "read_background_output": "shell",
-    "write_todos": "plan", "update_topic": "plan", "invoke_agent": "subagent",
+    "write_todos": "plan", "update_topic": "plan",  # invoke_agent: SUBAGENT_TOOLS
     # OpenClaw 2026.9.6 (offered up front: exec, process, read, write, edit, apply_patch, ls as above; the
     # deferred ones it calls through `tool_call`, e.g. browser, web_*, view_image, file_write as above).
     # `sessions_spawn` is its subagent tool; `subagents`, `agents_wait` and `sessions_yield` steer or await

@@ -90,8 +90,7 @@ def main() -> int:
     task = find_task(BENCH, SPARQL_TASK)
     rows = []
     with tempfile.TemporaryDirectory(prefix="forgerl-bench-") as tmp, ScriptedUpstream(task_script) as up, \
-            BackgroundRecorder(RecorderConfig(out=Path(tmp) / "data", upstream_anthropic=up.url,
-                                              upstream_openai=up.url)) as rec:
+            BackgroundRecorder(RecorderConfig.one_upstream(Path(tmp) / "data", up.url)) as rec:
         bare(harness, exe, rec.config.url, task.prompt, 1, 1)  # warm the CLI's files into the page cache
         for parallel in levels:
             bare_s = bare(harness, exe, rec.config.url, task.prompt, n, parallel)

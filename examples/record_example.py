@@ -38,7 +38,7 @@ def record(out: Path) -> None:
         shutil.rmtree(out)
     rows = []
     with ScriptedUpstream(scenarios.script) as up:
-        config = RecorderConfig(out=out, upstream_anthropic=up.url, upstream_openai=up.url)
+        config = RecorderConfig.one_upstream(out, up.url)
         with BackgroundRecorder(config):
             for attempt in range(1, ATTEMPTS + 1):
                 for s in scenarios.scenarios():

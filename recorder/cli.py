@@ -159,9 +159,9 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
                                               top_p=args.top_p))
     host, port = args.listen
     with GatewayThread(gateway) as gateway_url:
-        config = RecorderConfig(out=Path(args.out), upstream_anthropic=gateway_url, upstream_openai=gateway_url,
-                                upstream_gemini=gateway_url, listen_host=host, listen_port=port, session=args.session,
-                                redact_rules=args.redact_rules, policy_version=version, labels=args.labels)
+        config = RecorderConfig.one_upstream(Path(args.out), gateway_url, listen_host=host, listen_port=port,
+                                             session=args.session, redact_rules=args.redact_rules,
+                                             policy_version=version, labels=args.labels)
         serve_forever(config, on_ready=lambda: print(
             f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
             f"policy version {version}); recording to {args.out}", flush=True))

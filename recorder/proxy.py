@@ -59,6 +59,11 @@ class RecorderConfig:
         parse_labels(self.labels)
         self.listen_port = free_port(self.listen_host, self.listen_port)
 
+    @classmethod
+    def one_upstream(cls, out: Path, upstream: str, **options: object) -> RecorderConfig:
+        """A recorder that forwards every API (Anthropic, OpenAI, Gemini) to one origin."""
+        return cls(out, upstream_anthropic=upstream, upstream_openai=upstream, upstream_gemini=upstream, **options)
+
     @property
     def url(self) -> str:
         return f"http://{self.listen_host}:{self.listen_port}"

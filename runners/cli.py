@@ -132,8 +132,7 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
                                                                policy_version))
         if todo and not recorder_url:
             upstream = args.upstream
-            config = RecorderConfig(out=out, upstream_anthropic=upstream, upstream_openai=upstream,
-                                    upstream_gemini=upstream, policy_version=policy_version)
+            config = RecorderConfig.one_upstream(out, upstream, policy_version=policy_version)
             recorder_url = stack.enter_context(BackgroundRecorder(config)).config.url
             if args.runner == "kubernetes":
                 print(f"forge-run: no --recorder-url: pods must reach {recorder_url} (this machine's loopback)",

@@ -45,8 +45,10 @@ from .chat import to_chat_messages
 from .messages import Message, canonical_json, sha256_hex
 from .records import call_forms
 
-# Claude Code (Agent, formerly Task), OpenCode (task), Codex (spawn_agent), OpenClaw/ZeroClaw (sessions_spawn, delegate)
-SUBAGENT_TOOLS = frozenset({"Agent", "Task", "task", "spawn_agent", "sessions_spawn", "delegate"})
+# Claude Code (Agent, formerly Task), OpenCode (task), Codex (spawn_agent), OpenClaw/ZeroClaw (sessions_spawn,
+# delegate), Qwen Code (agent), Gemini CLI (invoke_agent)
+SUBAGENT_TOOLS = frozenset({"Agent", "Task", "task", "spawn_agent", "sessions_spawn", "delegate", "agent",
+                            "invoke_agent"})
 ANSWER_HEADER = "x-forge-answer"  # serve mode: this answer's id
 CONTINUES_HEADER = "x-forge-continues"  # serve mode: the answer whose ids this prompt extends ("" if none)
 _MIN_SUMMARY = 20  # characters: shorter answers are too common to prove a compaction

@@ -98,8 +98,8 @@ class HarnessAgentLoop(AgentLoopBase):
         gateway = PolicyGateway(policy, self.tokenizer, self.served_model,
                                 sampling=Sampling(max_tokens=self.response_length))
         url = await gateway.start()
-        recorder = BackgroundRecorder(RecorderConfig(out=self.dataset, upstream_anthropic=url, upstream_openai=url,
-                                                     policy_version=self.policy_version))
+        recorder = BackgroundRecorder(RecorderConfig.one_upstream(self.dataset, url,
+                                                                  policy_version=self.policy_version))
         try:
             await asyncio.to_thread(recorder.start)
             runner = LocalRunner(self.harness, recorder.config.url, self.dataset, retries=0,
