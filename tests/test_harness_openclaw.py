@@ -13,24 +13,22 @@ made once per module and shared by the record and convert tests.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from forgerl.analysis import connect
-from forgerl.recorder.launch import launch
 from forgerl.runners.harnesses import RunContext, get_harness
 from forgerl.runners.harnesses.base import node_path
 from forgerl.schema.store import read_table
 
-from conftest import FORGE_RECORD, REPO, RecorderProcess, session_calls, session_parts
+from conftest import REPO, session_calls, session_parts
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
-from opencode_openclaw_fixtures import PhoneHomeTrap, files_holding, tool_results
-from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_SCORE, SPARQL_TASK
-from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
+from opencode_openclaw_fixtures import (check_served, files_holding, run_recorded, run_served, run_sparql_task,
+                                        sparql_script, tool_results)
+from runner_fixtures import SPARQL_SCORE
+from scripted_upstream import Request, Script, ToolCall, Turn
 
 pytestmark = pytest.mark.slow
 KEY = "sk-proj-openclawtestopenclawtestopenc"
@@ -64,21 +62,11 @@ def agent_argv(session: str, prompt: str) -> list[str]:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[str]]:
     base = tmp_path_factory.mktemp("openclaw")
-    work, home = base / "work", base / "home"
-    work.mkdir()
-    home.mkdir()
-    trap = PhoneHomeTrap()
-    env = {**os.environ, **trap.env(), "HOME": str(home), "PWD": str(work), "PATH": node_path(),
-           "OPENAI_API_KEY": KEY}
-    try:
-        with ScriptedUpstream(loop_script(work)) as up:
-            r = subprocess.run([FORGE_RECORD, "run", "--out", str(base / "data"), "--session", "ocl",
-                                "--upstream-openai", up.url, "--", *agent_argv("ocl", PROMPT), "--model", "gpt-5.4"],
-                               cwd=work, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    finally:
-        trap.close()
+    r, phoned = run_recorded(base, "ocl", loop_script(base / "work"),
+                             [*agent_argv("ocl", PROMPT), "--model", "gpt-5.4"],
+                             {"PATH": node_path(), "OPENAI_API_KEY": KEY})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return base, r, base / "data", trap.requests
+    return base, r, base / "data", phoned
 
 
 def test_records_a_tool_loop(recorded):
@@ -142,31 +130,15 @@ def test_tokens_and_verl_sft(recorded, tmp_path):
         assert item["loss_mask"].tolist() == segs[segment_id]["loss_mask"]
 
 
-def sparql_script(request: Request) -> Turn:
-    """task_00067 through OpenClaw's exec tool: write the query (14 of 15 checks), then say so."""
-    if tool_results(request) == 0:
-        cmd = f"cat > query_output.sparql <<'EOF'\n{SPARQL_QUERY}EOF"
-        return Turn(text="Writing the query.", tool_calls=[ToolCall("exec", {"command": cmd})])
-    return Turn(text="Wrote query_output.sparql.")
-
-
 def test_forge_run_grades_a_task(scripted, tmp_path):
     openclaw()
-    up = scripted(sparql_script)
-    out = tmp_path / "data"
-    r = subprocess.run([str(Path(sys.executable).with_name("forge-run")), str(BENCH), "--task", SPARQL_TASK,
-                        "--harness", "openclaw", "--upstream", up.url, "--out", str(out)],
-                       capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (row,) = read_table(out, "outcomes").to_pylist()
+    row, extra, calls = run_sparql_task("openclaw", scripted(sparql_script("exec")).url, tmp_path / "data")
     assert row["harness"] == "openclaw" and row["model"] == "gpt-5.4"
     assert row["reward"] == pytest.approx(SPARQL_SCORE) and row["status"] == "failed"
-    extra = json.loads(row["extra"])
     assert extra["final_answer"] == "Wrote query_output.sparql."
     events = [json.loads(line) for line in extra["harness_transcript"].splitlines()]
     results = [e["message"] for e in events if e["type"] == "message" and e["message"]["role"] == "toolResult"]
     assert [m["toolName"] for m in results] == ["exec"]
-    calls = read_table(out, "calls").to_pylist()
     assert len(calls) == 2 and all(c["error"] is None and c["status"] == 200 for c in calls)
 
 
@@ -175,34 +147,14 @@ OPENCLAW_TURNS = ['I\'ll write it.\n<tool_call>\n{"name": "exec", "arguments": {
 
 
 def test_served_by_the_policy(tmp_path, monkeypatch):
-    tok = qwen_tokenizer()
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(OPENCLAW_TURNS))
-    served = RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer",
-                             str(TOKENIZER_DIR), "--served-model", "qwen3-policy").start()
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)  # launch() is called where the harness runs, as forge-record run does
-    trap = PhoneHomeTrap()
-    try:
-        aimed = launch([*agent_argv("os", "Write proof.txt"), "--model", "qwen3-policy"], served.url, "os", tmp_path)
-        r = subprocess.run(aimed.argv, cwd=work, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, **trap.env(), "HOME": str(tmp_path), "PWD": str(work),
-                                "PATH": node_path(), "OPENAI_API_KEY": KEY, **aimed.env}, stdin=subprocess.DEVNULL)
-    finally:
-        served.stop()
-        trap.close()
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert trap.requests == []
-    assert (work / "proof.txt").read_text() == "forgerl\n"
-    assert get_harness("openclaw").final_answer(r.stdout, RunContext("", work, tmp_path, "", "os")) == "Done."
-    calls = session_calls(tmp_path / "data", "os", 2)
-    for call, text in zip(calls, OPENCLAW_TURNS):
-        assert call["api"] == "chat" and call["policy_version"] == "qwen3-policy" and call["error"] is None
-        assert tok.decode(call["completion_token_ids"][:-1], skip_special_tokens=False) == text
+    r, calls, phoned = run_served(tmp_path, monkeypatch, OPENCLAW_TURNS,
+                                  [*agent_argv("os", "Write proof.txt"), "--model", "qwen3-policy"], "os",
+                                  {"PATH": node_path(), "OPENAI_API_KEY": KEY})
+    assert phoned == []
+    assert (tmp_path / "work" / "proof.txt").read_text() == "forgerl\n"
+    assert get_harness("openclaw").final_answer(r.stdout, RunContext("", tmp_path, tmp_path, "", "os")) == "Done."
+    check_served(calls, OPENCLAW_TURNS)
     # no continuation check: OpenClaw's second prompt drops the runtime-context note that ended the first
-    assert "<tool_response>" in tok.decode(calls[1]["prompt_token_ids"])
-    state = tmp_path / "openclaw"  # the launcher's state folder, in the scratch dir it was given
-    assert list(state.glob("agents/*/agent/openclaw-agent.sqlite"))
-    leaked = files_holding(KEY[8:], tmp_path)
-    assert not leaked, leaked
+    assert "<tool_response>" in qwen_tokenizer().decode(calls[1]["prompt_token_ids"])
+    assert list((tmp_path / "openclaw").glob("agents/*/agent/openclaw-agent.sqlite"))  # its state, in the scratch
+    assert not files_holding(KEY[8:], tmp_path)

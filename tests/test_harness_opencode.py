@@ -11,23 +11,21 @@ recording is made once per module and shared by the record and convert tests.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from forgerl.analysis import connect
-from forgerl.recorder.launch import launch
 from forgerl.runners.harnesses import RunContext, get_harness
 from forgerl.schema.store import read_table
 
-from conftest import FORGE_RECORD, REPO, RecorderProcess, session_calls, session_parts
+from conftest import REPO, session_calls, session_parts
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
-from opencode_openclaw_fixtures import PhoneHomeTrap, files_holding, tool_results
-from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_SCORE, SPARQL_TASK
-from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
+from opencode_openclaw_fixtures import (check_served, files_holding, run_recorded, run_served, run_sparql_task,
+                                        sparql_script, tool_results)
+from runner_fixtures import SPARQL_SCORE
+from scripted_upstream import Request, Script, ToolCall, Turn
 
 pytestmark = pytest.mark.slow
 KEY = "sk-proj-opencodetestopencodetestopen"
@@ -56,22 +54,11 @@ def loop_script(work: Path) -> Script:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[str]]:
     base = tmp_path_factory.mktemp("opencode")
-    work, home = base / "work", base / "home"
-    work.mkdir()
-    home.mkdir()
-    trap = PhoneHomeTrap()
-    try:
-        with ScriptedUpstream(loop_script(work)) as up:
-            r = subprocess.run([FORGE_RECORD, "run", "--out", str(base / "data"), "--session", "oc",
-                                "--upstream-openai", up.url, "--", str(opencode()), "run", "--format", "json",
-                                "--title", "proof", "-m", "openai/gpt-5.4", "Write proof.txt and read it back."],
-                               cwd=work, env={**os.environ, **trap.env(), "HOME": str(home), "PWD": str(work),
-                                    "OPENAI_API_KEY": KEY},
-                               capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
-    finally:
-        trap.close()
+    r, phoned = run_recorded(base, "oc", loop_script(base / "work"),
+                             [str(opencode()), "run", "--format", "json", "--title", "proof", "-m", "openai/gpt-5.4",
+                              "Write proof.txt and read it back."], {"OPENAI_API_KEY": KEY})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return base, r, base / "data", trap.requests
+    return base, r, base / "data", phoned
 
 
 def test_records_a_tool_loop(recorded):
@@ -123,31 +110,15 @@ def test_tokens_and_verl_sft(recorded, tmp_path):
     assert item["loss_mask"].tolist() == row["loss_mask"]
 
 
-def sparql_script(request: Request) -> Turn:
-    """task_00067 through OpenCode's bash tool: write the query (14 of 15 checks), then say so."""
-    if tool_results(request) == 0:
-        cmd = f"cat > query_output.sparql <<'EOF'\n{SPARQL_QUERY}EOF"
-        return Turn(text="Writing the query.", tool_calls=[ToolCall("bash", {"command": cmd})])
-    return Turn(text="Wrote query_output.sparql.")
-
-
 def test_forge_run_grades_a_task(scripted, tmp_path):
     opencode()
-    up = scripted(sparql_script)
-    out = tmp_path / "data"
-    r = subprocess.run([str(Path(sys.executable).with_name("forge-run")), str(BENCH), "--task", SPARQL_TASK,
-                        "--harness", "opencode", "--upstream", up.url, "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (row,) = read_table(out, "outcomes").to_pylist()
+    row, extra, calls = run_sparql_task("opencode", scripted(sparql_script("bash")).url, tmp_path / "data")
     assert row["harness"] == "opencode" and row["model"] == "gpt-5.4"
     assert row["reward"] == pytest.approx(SPARQL_SCORE) and row["status"] == "failed"
-    extra = json.loads(row["extra"])
     assert extra["final_answer"] == "Wrote query_output.sparql."
     transcript = [json.loads(line) for line in extra["harness_transcript"].splitlines()]
     tools = [p for m in transcript for p in m["parts"] if p["type"] == "tool"]
     assert [(t["tool"], t["state"]["status"]) for t in tools] == [("bash", "completed")]
-    calls = read_table(out, "calls").to_pylist()
     assert len(calls) == 2 and all(c["error"] is None and c["status"] == 200 for c in calls)
 
 
@@ -156,29 +127,13 @@ OPENCODE_TURNS = ['I\'ll write it.\n<tool_call>\n{"name": "bash", "arguments": {
 
 
 def test_served_by_the_policy(tmp_path, monkeypatch):
-    tok = qwen_tokenizer()
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(OPENCODE_TURNS))
-    served = RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer",
-                             str(TOKENIZER_DIR), "--served-model", "qwen3-policy").start()
-    (tmp_path / "work").mkdir()
-    monkeypatch.chdir(tmp_path / "work")  # launch() is called where the harness runs, as forge-record run does
-    trap = PhoneHomeTrap()
-    try:
-        aimed = launch([str(opencode()), "run", "--format", "json", "--title", "proof", "-m", "qwen3-policy",
-                        "Write proof.txt"], served.url, "os", tmp_path)
-        r = subprocess.run(aimed.argv, cwd=tmp_path / "work", capture_output=True, text=True, timeout=240,
-                           env={**os.environ, **trap.env(), "HOME": str(tmp_path), "OPENAI_API_KEY": KEY,
-                                **aimed.env}, stdin=subprocess.DEVNULL)
-    finally:
-        served.stop()
-        trap.close()
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert trap.requests == []
+    r, calls, phoned = run_served(tmp_path, monkeypatch, OPENCODE_TURNS,
+                                  [str(opencode()), "run", "--format", "json", "--title", "proof", "-m",
+                                   "qwen3-policy", "Write proof.txt"], "os", {"OPENAI_API_KEY": KEY})
+    assert phoned == []
     assert (tmp_path / "work" / "proof.txt").read_text() == "forgerl\n"
-    calls = session_calls(tmp_path / "data", "os", 2)
-    for call, text in zip(calls, OPENCODE_TURNS):
-        assert call["api"] == "chat" and call["policy_version"] == "qwen3-policy" and call["error"] is None
-        assert tok.decode(call["completion_token_ids"][:-1], skip_special_tokens=False) == text
+    assert get_harness("opencode").final_answer(r.stdout, RunContext("", tmp_path, tmp_path, "", "os")) == "Done."
+    check_served(calls, OPENCODE_TURNS)
     held = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
     assert calls[1]["prompt_token_ids"][:len(held)] == held, "the second turn re-tokenised the history"
+    assert not files_holding(KEY[8:], tmp_path)
