@@ -19,10 +19,12 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from forgerl.recorder.launch import launch
 from forgerl.schema.store import read_table
 
-from conftest import FORGE_RECORD, RecorderProcess, session_calls
+from conftest import FORGE_RECORD, REPO, RecorderProcess, session_calls
 from convert_fixtures import TOKENIZER_DIR, qwen_tokenizer
 from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_TASK
 from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
@@ -142,3 +144,26 @@ def check_served(calls: list[dict], turns: list[str]) -> None:
     for call, text in zip(calls, turns):
         assert call["api"] == "chat" and call["policy_version"] == "qwen3-policy" and call["error"] is None
         assert tok.decode(call["completion_token_ids"][:-1], skip_special_tokens=False) == text
+
+
+ANSWER = "proof.txt says: forgerl"
+
+
+def pinned_cli(name: str) -> Path:
+    """The harness CLI from the project's pinned npm install."""
+    path = REPO / "node_modules" / ".bin" / name
+    if not path.exists():
+        pytest.fail(f"{path} missing: run `make test` (npm ci installs the pinned harness CLIs)")
+    return path
+
+
+def loop_script(shell: ToolCall, read: ToolCall) -> Script:
+    """Run `shell` (which writes proof.txt), then `read` (which reads it back), then answer with its content."""
+    def script(request: Request) -> Turn:
+        step = tool_results(request)
+        if step == 0:
+            return Turn(text="Writing it.", tool_calls=[shell])
+        if step == 1:
+            return Turn(text="Reading it back.", tool_calls=[read])
+        return Turn(text=ANSWER)
+    return script

@@ -23,36 +23,20 @@ from forgerl.runners.harnesses import RunContext, get_harness
 from forgerl.runners.harnesses.base import node_path
 from forgerl.schema.store import read_table
 
-from conftest import REPO, session_calls, session_parts
+from conftest import session_calls, session_parts
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
-from opencode_openclaw_fixtures import (check_served, files_holding, run_recorded, run_served, run_sparql_task,
-                                        sparql_script, tool_results)
+from opencode_openclaw_fixtures import (ANSWER, check_served, files_holding, loop_script, pinned_cli, run_recorded,
+                                        run_served, run_sparql_task, sparql_script)
 from runner_fixtures import SPARQL_SCORE
-from scripted_upstream import Request, Script, ToolCall, Turn
+from scripted_upstream import ToolCall
 
 pytestmark = pytest.mark.slow
 KEY = "sk-proj-openclawtestopenclawtestopenc"
-ANSWER = "proof.txt says: forgerl"
 PROMPT = "Write proof.txt and read it back."
 
 
 def openclaw() -> Path:
-    path = REPO / "node_modules" / ".bin" / "openclaw"
-    if not path.exists():
-        pytest.fail(f"{path} missing: run `make test` (npm ci installs the pinned harness CLIs)")
-    return path
-
-
-def loop_script(work: Path) -> Script:
-    """Write proof.txt with `exec`, read it back with `read`, answer with its content."""
-    def script(request: Request) -> Turn:
-        step = tool_results(request)
-        if step == 0:
-            return Turn(text="Writing it.", tool_calls=[ToolCall("exec", {"command": "echo forgerl > proof.txt"})])
-        if step == 1:
-            return Turn(text="Reading it back.", tool_calls=[ToolCall("read", {"path": str(work / "proof.txt")})])
-        return Turn(text=ANSWER)
-    return script
+    return pinned_cli("openclaw")
 
 
 def agent_argv(session: str, prompt: str) -> list[str]:
@@ -62,7 +46,9 @@ def agent_argv(session: str, prompt: str) -> list[str]:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path, list[str]]:
     base = tmp_path_factory.mktemp("openclaw")
-    r, phoned = run_recorded(base, "ocl", loop_script(base / "work"),
+    script = loop_script(ToolCall("exec", {"command": "echo forgerl > proof.txt"}),
+                         ToolCall("read", {"path": str(base / "work" / "proof.txt")}))
+    r, phoned = run_recorded(base, "ocl", script,
                              [*agent_argv("ocl", PROMPT), "--model", "gpt-5.4"],
                              {"PATH": node_path(), "OPENAI_API_KEY": KEY})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
