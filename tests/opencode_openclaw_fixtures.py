@@ -26,7 +26,7 @@ from forgerl.schema.store import read_table
 
 from conftest import FORGE_RECORD, REPO, RecorderProcess, session_calls
 from convert_fixtures import TOKENIZER_DIR, qwen_tokenizer
-from runner_fixtures import BENCH, SPARQL_QUERY, SPARQL_TASK
+from runner_fixtures import BENCH, NOVEL_ANSWER, NOVEL_TASK, SPARQL_QUERY, SPARQL_TASK
 from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn
 
 
@@ -167,3 +167,18 @@ def loop_script(shell: ToolCall, read: ToolCall) -> Script:
             return Turn(text="Reading it back.", tool_calls=[read])
         return Turn(text=ANSWER)
     return script
+
+
+def run_policy_task(harness: str, folder: Path) -> tuple[dict, list[dict]]:
+    """`forge-run --policy script:` of task_00043 (graded on the answer text, 3 of 8 checks): its outcome row
+    and the calls recorded for it."""
+    script = folder / "turns.json"
+    script.write_text(json.dumps([NOVEL_ANSWER]))
+    out = folder / "data"
+    r = subprocess.run([str(Path(sys.executable).with_name("forge-run")), str(BENCH), "--task", NOVEL_TASK,
+                        "--harness", harness, "--policy", f"script:{script}", "--tokenizer", str(TOKENIZER_DIR),
+                        "--served-model", "qwen3-policy", "--out", str(out)],
+                       capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = read_table(out, "outcomes").to_pylist()
+    return row, [c for c in read_table(out, "calls").to_pylist() if c["session_id"] == row["session_id"]]

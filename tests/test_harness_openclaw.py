@@ -26,8 +26,8 @@ from forgerl.schema.store import read_table
 from conftest import session_calls, session_parts
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
 from opencode_openclaw_fixtures import (ANSWER, check_served, files_holding, loop_script, pinned_cli, run_recorded,
-                                        run_served, run_sparql_task, sparql_script)
-from runner_fixtures import SPARQL_SCORE
+                                        run_policy_task, run_served, run_sparql_task, sparql_script)
+from runner_fixtures import NOVEL_ANSWER, NOVEL_SCORE, SPARQL_SCORE
 from scripted_upstream import ToolCall
 
 pytestmark = pytest.mark.slow
@@ -116,6 +116,19 @@ def test_tokens_and_verl_sft(recorded, tmp_path):
         assert item["loss_mask"].tolist() == segs[segment_id]["loss_mask"]
 
 
+def test_atif(recorded, tmp_path):
+    import atif
+
+    _, _, data, _ = recorded
+    convert(data, tmp_path / "a", "--to", "atif", "--harness", "openclaw")
+    (doc_path,) = (tmp_path / "a").glob("train/*.json")
+    doc = json.loads(doc_path.read_text())
+    atif.Trajectory.model_validate(doc)
+    calls = [c for s in doc["steps"] if not s.get("is_copied_context") for c in s.get("tool_calls") or []]
+    assert [c["function_name"] for c in calls] == ["exec", "read"]
+    assert ANSWER in doc["steps"][-1]["message"]
+
+
 def test_forge_run_grades_a_task(scripted, tmp_path):
     openclaw()
     row, extra, calls = run_sparql_task("openclaw", scripted(sparql_script("exec")).url, tmp_path / "data")
@@ -144,3 +157,10 @@ def test_served_by_the_policy(tmp_path, monkeypatch):
     assert "<tool_response>" in qwen_tokenizer().decode(calls[1]["prompt_token_ids"])
     assert list((tmp_path / "openclaw").glob("agents/*/agent/openclaw-agent.sqlite"))  # its state, in the scratch
     assert not files_holding(KEY[8:], tmp_path)
+
+
+def test_forge_run_served_by_the_policy(tmp_path):
+    row, calls = run_policy_task("openclaw", tmp_path)
+    assert row["reward"] == pytest.approx(NOVEL_SCORE) and row["model"] == "gpt-5.4"
+    assert json.loads(row["extra"])["final_answer"] == NOVEL_ANSWER
+    assert len(calls) == 1 and calls[0]["completion_token_ids"] and calls[0]["policy_version"] == "qwen3-policy"

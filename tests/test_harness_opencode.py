@@ -1,4 +1,4 @@
-"""OpenCode 1.18 (npm opencode-ai, pinned) end to end: record, convert, run a task, serve.
+"""OpenCode 1.18 (npm opencode-ai, pinned) end to end: record, convert (tokens, verl-sft, ATIF), run a task, serve.
 
 The real `opencode run` talks Chat Completions to the scripted upstream (or
 the scripted policy) through the recorder, as `recorder/launch.py` aims it:
@@ -23,8 +23,8 @@ from forgerl.schema.store import read_table
 from conftest import session_calls, session_parts
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
 from opencode_openclaw_fixtures import (ANSWER, check_served, files_holding, loop_script, pinned_cli, run_recorded,
-                                        run_served, run_sparql_task, sparql_script)
-from runner_fixtures import SPARQL_SCORE
+                                        run_policy_task, run_served, run_sparql_task, sparql_script)
+from runner_fixtures import NOVEL_ANSWER, NOVEL_SCORE, SPARQL_SCORE
 from scripted_upstream import ToolCall
 
 pytestmark = pytest.mark.slow
@@ -96,6 +96,19 @@ def test_tokens_and_verl_sft(recorded, tmp_path):
     assert item["loss_mask"].tolist() == row["loss_mask"]
 
 
+def test_atif(recorded, tmp_path):
+    import atif
+
+    _, _, data, _ = recorded
+    convert(data, tmp_path / "a", "--to", "atif", "--harness", "opencode")
+    (doc_path,) = (tmp_path / "a").glob("train/*.json")
+    doc = json.loads(doc_path.read_text())
+    atif.Trajectory.model_validate(doc)
+    calls = [c for s in doc["steps"] if not s.get("is_copied_context") for c in s.get("tool_calls") or []]
+    assert [c["function_name"] for c in calls] == ["bash", "read"]
+    assert ANSWER in doc["steps"][-1]["message"]
+
+
 def test_forge_run_grades_a_task(scripted, tmp_path):
     opencode()
     row, extra, calls = run_sparql_task("opencode", scripted(sparql_script("bash")).url, tmp_path / "data")
@@ -123,3 +136,10 @@ def test_served_by_the_policy(tmp_path, monkeypatch):
     held = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
     assert calls[1]["prompt_token_ids"][:len(held)] == held, "the second turn re-tokenised the history"
     assert not files_holding(KEY[8:], tmp_path)
+
+
+def test_forge_run_served_by_the_policy(tmp_path):
+    row, calls = run_policy_task("opencode", tmp_path)
+    assert row["reward"] == pytest.approx(NOVEL_SCORE) and row["model"] == "gpt-5.4"
+    assert json.loads(row["extra"])["final_answer"] == NOVEL_ANSWER
+    assert len(calls) == 1 and calls[0]["completion_token_ids"] and calls[0]["policy_version"] == "qwen3-policy"
