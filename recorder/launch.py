@@ -235,7 +235,8 @@ def openclaw_env(base_url: str, session: str, model: str, workspace: Path, state
 
 
 def openclaw(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
-    """The working directory is the agent's workspace; `--model M` (or `provider/M`) names the upstream model."""
+    """The working directory is the agent's workspace; `--model M` (or `provider/M`) names the upstream model.
+    Its state (config, SQLite transcripts) lives in `scratch` and goes with it: the recording is what stays."""
     rest, given = _drop_options(argv[1:], ("--model",))
     model = given.get("--model", "policy").split("/", 1)[-1]
     return Launch([argv[0], *rest], openclaw_env(base_url, session, model, Path.cwd(), scratch / "openclaw"))
