@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .bridge import forward, unix_connector
+from .bridge import forward, tcp_connector, unix_connector, unix_listener
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 36, 1
@@ -48,8 +48,10 @@ class JailSpec:
     env: dict[str, str] = field(default_factory=dict)
     cgroup: str = ""  # a cgroup directory to join
     cpu_seconds: int = 0  # RLIMIT_CPU, per process
-    bridge_port: int = 0  # with bridge_unix: namespaces, and 127.0.0.1:PORT forwarded to that socket
+    bridge_port: int = 0  # namespaces, and 127.0.0.1:PORT inside forwarded through bridge_unix to the recorder
     bridge_unix: str = ""
+    recorder_host: str = ""
+    recorder_port: int = 0
 
 
 def loopback_up() -> None:
@@ -163,28 +165,55 @@ def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket
         code = _run(spec, stdout, stderr, runner)
         kill_descendants()
         return code
+    listener = unix_listener(spec.bridge_unix)
+    pid = _fork_child(lambda: _in_namespaces(spec, stdout, stderr, runner, ready), stderr)
+    forward(listener, tcp_connector(spec.recorder_host, spec.recorder_port))
+    try:
+        return _wait_child(pid, runner)
+    finally:
+        listener.close()
+
+
+def _in_namespaces(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket,
+                   ready: Callable[[], bool]) -> int:
+    """In a child of the jail: unshare the namespaces, and run the harness under PID 1 of the new PID one."""
     _unshare(_CLONE_NEWNET | _CLONE_NEWPID)
-    alive_r, alive_w = os.pipe()  # EOF once the parent is gone (its pid is not visible from inside)
+    pid = _fork_child(lambda: _pid_one(spec, stdout, stderr, runner, ready), stderr)
+    return _wait_child(pid, runner)
+
+
+def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool]) -> int:
+    """PID 1 of the new namespaces: loopback, DNS that fails fast, the bridge to the recorder, the harness."""
+    loopback_up()
+    dns_fails_fast()
+    listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
+    forward(listener, unix_connector(spec.bridge_unix))
+    return _run(spec, stdout, stderr, runner) if ready() else 127
+
+
+def _fork_child(body: Callable[[], int], stderr: int) -> int:
+    """Fork a child that dies with this process and exits with `body()`'s status (127 if it raises: said on
+    the rollout's `stderr`)."""
+    alive_r, alive_w = os.pipe()  # EOF once the parent is gone (its pid may not be visible from the child)
     pid = os.fork()
-    if pid == 0:  # PID 1 of the new namespace; the kernel kills the rest when it exits
+    if pid == 0:
         code = 127
         try:
             os.close(alive_w)
             _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if select.select([alive_r], [], [], 0)[0]:  # the parent died before the line above
-                os._exit(code)
-            os.close(alive_r)
-            loopback_up()
-            dns_fails_fast()
-            listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
-            forward(listener, unix_connector(spec.bridge_unix))
-            if ready():
-                code = _run(spec, stdout, stderr, runner)
+            if not select.select([alive_r], [], [], 0)[0]:  # else the parent died before the line above
+                os.close(alive_r)
+                code = body()
         except BaseException as e:  # noqa: BLE001 - reported in the rollout's stderr, as the jail's own failure
             os.write(stderr, f"forgerl-jail: {type(e).__name__}: {e}\n".encode())
         finally:
             os._exit(code)
     os.close(alive_r)
+    return pid
+
+
+def _wait_child(pid: int, runner: socket.socket) -> int:
+    """The child's status; killed at once on SIGTERM, or if the runner hangs up first."""
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     if _runner_gone_first(pid, runner):
         os.kill(pid, signal.SIGKILL)

@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .bridge import forward, tcp_connector, unix_listener
 from .forkserver import Forked, ForkError
 from .jail import JailSpec
 
@@ -91,7 +90,6 @@ class Sandbox:
     isolate_network: bool = True
     enforced: list[str] = field(default_factory=list)
     _cgroup: Path | None = None
-    _listener: object = None
     _job: Forked | None = None
 
     def __post_init__(self) -> None:
@@ -122,12 +120,10 @@ class Sandbox:
             why = "no unshare here" if self.isolate_network else "left to the pod's NetworkPolicy"
             self.enforced.append(f"process group + cgroup sweep; network not isolated by the runner ({why})")
             return spec
-        sock = str(self.tmp / "recorder.sock")
         url = urlsplit(self.recorder_url)
-        self._listener = unix_listener(sock)
-        forward(self._listener, tcp_connector(url.hostname, url.port))
         self.enforced.append("network namespace: recorder only; PID namespace")
-        spec.bridge_port, spec.bridge_unix = BRIDGE_PORT, sock
+        spec.bridge_port, spec.bridge_unix = BRIDGE_PORT, str(self.tmp / "recorder.sock")
+        spec.recorder_host, spec.recorder_port = url.hostname, url.port
         return spec
 
     def __enter__(self) -> Sandbox:
@@ -166,7 +162,7 @@ class Sandbox:
                       seconds=time.monotonic() - start)
 
     def release(self, answer: dict | None = None) -> None:
-        """Kill the jail's process group unless it answered, then drop the bridge and the cgroup (once)."""
+        """Kill the jail's process group unless it answered, then drop the cgroup (once)."""
         job, self._job = self._job, None
         if job is not None:
             if answer is None:
@@ -177,9 +173,6 @@ class Sandbox:
                     pass
                 _killpg(job.pid, signal.SIGKILL)
             job.close()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
         cgroup, self._cgroup = self._cgroup, None
         if cgroup is not None:
             _sweep_cgroup(cgroup)
