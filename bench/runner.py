@@ -1,12 +1,13 @@
 """Local runner throughput and per-rollout overhead, against the bare harness CLI through the same recorder.
 
-    .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 16 rollouts each
-    .venv/bin/python bench/runner.py --quick    # parallelism 1, 4; 4 rollouts each
+    .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 3 trials of 16 rollouts each
+    .venv/bin/python bench/runner.py --quick    # parallelism 1, 4; one trial of 4 rollouts
 
 The model is the scripted upstream performing QwenClawBench task_00067 (one
 shell tool call that writes the query file, then a final answer) through a
 real harness CLI (Codex by default), behind one in-process recorder. Each
-parallelism level runs, in turn:
+parallelism level runs, in turn, `--trials` times (interleaved, so both see
+the same background load; the median ratio counts):
 
     bare      the peer: the harness CLI itself, run in a fresh temp dir pointed at the recorder
               (no workspace files, no sandbox, no grading), N at a time
@@ -82,9 +83,10 @@ def runner(harness, recorder_url: str, out: Path, task, n: int, parallel: int) -
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--harness", default="codex", choices=["codex", "claude-code"])
+    p.add_argument("--trials", type=int, default=3, help="bare/runner pairs per level (the median ratio counts)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
-    levels, n = ((1, 4), 4) if args.quick else ((1, 4, 16), 16)
+    levels, n, trials = ((1, 4), 4, 1) if args.quick else ((1, 4, 16), 16, args.trials)
     harness = get_harness(args.harness)
     exe = harness.find()
     task = find_task(BENCH, SPARQL_TASK)
@@ -93,21 +95,28 @@ def main() -> int:
             BackgroundRecorder(RecorderConfig.one_upstream(Path(tmp) / "data", up.url)) as rec:
         bare(harness, exe, rec.config.url, task.prompt, 1, 1)  # warm the CLI's files into the page cache
         for parallel in levels:
-            bare_s = bare(harness, exe, rec.config.url, task.prompt, n, parallel)
-            run_s, timings = runner(harness, rec.config.url, Path(tmp) / "data", task, n, parallel)
+            pairs, timings = [], []
+            for _ in range(trials):  # interleaved, so both sides see the same background load
+                bare_s = bare(harness, exe, rec.config.url, task.prompt, n, parallel)
+                run_s, trial_timings = runner(harness, rec.config.url, Path(tmp) / "data", task, n, parallel)
+                pairs.append((bare_s, run_s))
+                timings += trial_timings
 
             def mean_ms(key: str) -> float:
                 return 1000 * statistics.mean(t[key] for t in timings)
 
+            ratios = sorted(b / r for b, r in pairs)
             overhead = mean_ms("setup") + mean_ms("grade") + mean_ms("teardown")
-            rows.append([parallel, n, f"{n / bare_s:.2f}", f"{n / run_s:.2f}", f"{bare_s / run_s:.2f}",
-                         f"{mean_ms('setup'):.0f}", f"{mean_ms('harness'):.0f}", f"{mean_ms('grade'):.0f}",
-                         f"{mean_ms('teardown'):.0f}", f"{overhead:.0f}"])
-    head = ["parallel", "rollouts", "bare/s", "runner/s", "ratio", "setup ms", "harness ms", "grade ms",
+            rows.append([parallel, f"{trials}x{n}", f"{statistics.median(n / b for b, _ in pairs):.2f}",
+                         f"{statistics.median(n / r for _, r in pairs):.2f}", f"{statistics.median(ratios):.2f}",
+                         f"{ratios[0]:.2f}-{ratios[-1]:.2f}", f"{mean_ms('setup'):.0f}", f"{mean_ms('harness'):.0f}",
+                         f"{mean_ms('grade'):.0f}", f"{mean_ms('teardown'):.0f}", f"{overhead:.0f}"])
+    head = ["parallel", "rollouts", "bare/s", "runner/s", "ratio", "range", "setup ms", "harness ms", "grade ms",
             "teardown ms", "overhead ms"]
     widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(head)]
     print(f"harness: {args.harness}; peer: the bare harness CLI through the same recorder; "
-          f"ratio = runner throughput / bare throughput; {os.cpu_count()} CPUs")
+          f"ratio = runner throughput / bare throughput (median of the trials; range: min-max); "
+          f"{os.cpu_count()} CPUs")
     print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
     for r in rows:
         print("  ".join(str(v).rjust(w) for v, w in zip(r, widths)))

@@ -1,11 +1,12 @@
 """A byte-for-byte socket forwarder: how a harness in its own network namespace reaches the recorder.
 
 A network namespace with nothing but loopback has no route anywhere, but a
-Unix socket is a file, and files cross network namespaces. So the runner
-listens on a Unix socket in the rollout's temp dir (forwarding to the
-recorder's TCP port), and inside the namespace the jail listens on
-127.0.0.1:PORT (forwarding to that Unix socket). The harness's base URL is
-`http://127.0.0.1:PORT`; nothing else is reachable.
+Unix socket is a file, and files cross network namespaces. So the jail,
+before it enters the rollout's namespaces, listens on a Unix socket in the
+rollout's temp dir (forwarding to the recorder's TCP port), and inside the
+namespace its PID 1 listens on 127.0.0.1:PORT (forwarding to that Unix
+socket). The harness's base URL is `http://127.0.0.1:PORT`; nothing else is
+reachable.
 """
 
 from __future__ import annotations
