@@ -5,8 +5,9 @@
 
 TASKS is a task file (QwenClawBench task_*.md or a forgerl *.toml spec), a
 folder of them, or a benchmark folder (tasks/ + assets/). The harness CLI is
-taken from PATH, else from the project's pinned npm install
-(node_modules/.bin). --upstream is what it is for `forge-record serve`: the
+taken from PATH, else from the project's pinned installs (node_modules/.bin
+on Node 24, .venv-mini/bin); runners/README.md#harnesses says how each is
+configured. --upstream is what it is for `forge-record serve`: the
 origin the recorder forwards to (http://HOST:PORT, no /v1; request paths
 pass through unchanged), speaking the harness's own API. --policy URL instead
 answers the harness from a policy server (vLLM protocol, token in / token out)
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("tasks", metavar="TASKS", help="task file, folder of task files, or benchmark folder")
     p.add_argument("--harness", required=True, choices=sorted(HARNESSES),
-                   help="harness CLI to run (found on PATH, else in the project's node_modules/.bin)")
+                   help="harness CLI to run (found on PATH, else in the project's node_modules/.bin or "
+                        ".venv-mini/bin; each configured as runners/README.md#harnesses says)")
     p.add_argument("--upstream", default="", help="origin the recorder forwards to, http://HOST:PORT (no /v1)")
     p.add_argument("--policy", default="", metavar="URL",
                    help="instead of --upstream: answer the harness from this policy server (vLLM protocol) "
