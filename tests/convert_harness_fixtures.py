@@ -9,11 +9,11 @@ summary. Codex: one exec_command tool loop.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from harness_checks import forge_record_run
 from scripted_upstream import Request, ToolCall, Turn, saw_tool_result
 
 SUB_PROMPT = "Count the files in the current directory and report the number."
@@ -48,15 +48,7 @@ def codex_script(request: Request) -> Turn:
     return Turn(text="Done.")
 
 
-def run_recorded(forge_record: str, work: Path, home: Path, data: Path, session: str, upstream: str,
-                 cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HOME": str(home), **env}
-    return subprocess.run([forge_record, "run", "--out", str(data), "--session", session,
-                           "--upstream-anthropic", upstream, "--upstream-openai", upstream, "--", *cmd],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
-
-
-def record_claude(forge_record: str, claude: Path, base: Path, upstream: str) -> list[subprocess.CompletedProcess]:
+def record_claude(claude: Path, base: Path, upstream: str) -> list[subprocess.CompletedProcess]:
     work, home = base / "work", base / "home"
     work.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
@@ -66,17 +58,17 @@ def record_claude(forge_record: str, claude: Path, base: Path, upstream: str) ->
     runs = []
     for args in (["-p", "How many files are here? Use a subagent."], ["-p", "/compact", "--continue"],
                  ["-p", "Remind me of the count.", "--continue"]):
-        runs.append(run_recorded(forge_record, work, home, base / "data", "cc", upstream,
-                                 [str(claude), *args, *common], env))
+        runs.append(forge_record_run([str(claude), *args, *common], out=base / "data", session="cc",
+                                     upstream=upstream, work=work, home=home, env=env, timeout=240))
     return runs
 
 
-def record_codex(forge_record: str, codex: Path, base: Path, upstream: str) -> subprocess.CompletedProcess:
+def record_codex(codex: Path, base: Path, upstream: str) -> subprocess.CompletedProcess:
     work, home = base / "cwork", base / "chome"
     (home / ".codex").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     env: dict[str, Any] = {"OPENAI_API_KEY": "sk-proj-converttestconverttestconvert",
                            "CODEX_HOME": str(home / ".codex")}
-    return run_recorded(forge_record, work, home, base / "data", "cx", upstream,
-                        [str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-                         "Write proof.txt"], env)
+    return forge_record_run([str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                             "Write proof.txt"], out=base / "data", session="cx", upstream=upstream, work=work,
+                            home=home, env=env, timeout=240)

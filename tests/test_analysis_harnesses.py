@@ -14,8 +14,8 @@ import pytest
 
 from forgerl.analysis import connect
 
+from harness_checks import needs, run_recorded
 from scripted_upstream import Request, ToolCall, Turn
-from test_harnesses import needs, run_recorded
 
 pytestmark = pytest.mark.slow
 

@@ -11,26 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FORGE_RECORD, REPO, session_calls
+from conftest import session_calls
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
 from convert_harness_fixtures import SUB_PROMPT, SUMMARY, claude_script, codex_script, record_claude, record_codex
+from harness_checks import atif_doc, check_same_ids, convert_sft_and_tokens, load_sft, needs
 from scripted_upstream import ScriptedUpstream
 
 pytestmark = pytest.mark.slow
-BIN = REPO / "node_modules" / ".bin"
 
 
 @pytest.fixture(scope="module")
 def harness_data(tmp_path_factory) -> Path:
-    for cli in ("claude", "codex"):
-        if not (BIN / cli).exists():
-            pytest.fail(f"{BIN / cli} missing: run `make test` (npm ci installs the pinned harness CLIs)")
+    claude, codex = needs("claude"), needs("codex")
     base = tmp_path_factory.mktemp("harness")
     with ScriptedUpstream(claude_script) as up:
-        runs = record_claude(FORGE_RECORD, BIN / "claude", base, up.url)
+        runs = record_claude(claude, base, up.url)
     assert all(r.returncode == 0 for r in runs), [r.stderr[-500:] for r in runs]
     with ScriptedUpstream(codex_script) as up:
-        r = record_codex(FORGE_RECORD, BIN / "codex", base, up.url)
+        r = record_codex(codex, base, up.url)
     assert r.returncode == 0, r.stderr[-500:]
     session_calls(base / "data", "cx", 2)
     return base / "data"
@@ -81,12 +79,7 @@ def test_every_output_cuts_claude_code_where_the_dataset_stored_it(harness_data,
 
 
 def test_claude_code_atif_has_the_subagent(harness_data, tmp_path):
-    import atif
-
-    convert(harness_data, tmp_path / "a", "--to", "atif", "--harness", "claude-code")
-    (doc_path,) = (tmp_path / "a").glob("train/*.json")
-    doc = json.loads(doc_path.read_text())
-    atif.Trajectory.model_validate(doc)
+    doc = atif_doc(harness_data, tmp_path / "a", "claude-code")
     (sub,) = doc["subagent_trajectories"]
     assert any(SUB_PROMPT in s["message"] for s in sub["steps"] if s["source"] == "user")
     calls = [c for s in doc["steps"] if not s.get("is_copied_context") for c in s.get("tool_calls") or []]
@@ -97,15 +90,8 @@ def test_claude_code_atif_has_the_subagent(harness_data, tmp_path):
 
 
 def test_codex_thread_in_verl_sft(harness_data, tmp_path):
-    from forgerl.trainer.sft_dataset import ForgeSFTDataset
-
-    convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "codex")
-    convert(harness_data, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "codex")
-    (row,) = rows(tmp_path / "t")
+    _, (row,), ds = convert_sft_and_tokens(harness_data, tmp_path, "codex")
     assert row["segment_id"] == "cx:0" and row["num_turns"] == 2 and row["segment_reason"] == "start"
-    files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
-    ds = ForgeSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 65536,
-                                                   "ignore_input_ids_mismatch": True})
     messages = ds.messages[0]
     calls = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     assert [c["function"]["name"] for c in calls] == ["exec_command"]
@@ -115,19 +101,13 @@ def test_codex_thread_in_verl_sft(harness_data, tmp_path):
     # this Codex build sends its tools as namespaces in an `additional_tools` input item
     assert [(t["type"], t["namespace"]["name"]) for t in ds.tools[0]] == [
         ("namespace", "functions"), ("namespace", "clock"), ("namespace", "collaboration")]
-    item = ds[0]
-    assert item["input_ids"].tolist() == row["input_ids"]
-    assert item["loss_mask"].tolist() == row["loss_mask"]
+    check_same_ids(ds[0], row)
 
 
 def test_claude_code_in_verl_sft(harness_data, tmp_path):
     """Claude Code's tool schemas hold empty objects, which a Parquet struct cannot store: veRL gets them all."""
-    from forgerl.trainer.sft_dataset import ForgeSFTDataset
-
     convert(harness_data, tmp_path / "s", "--to", "verl-sft", "--harness", "claude-code")
-    files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
-    ds = ForgeSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 131072,
-                                                   "ignore_input_ids_mismatch": True})
+    ds = load_sft(tmp_path / "s", max_length=131072)
     assert len(ds) == 4
     names = {t["function"]["name"] for t in ds.tools[0]}
     assert {"Bash", "Agent", "Read"} <= names

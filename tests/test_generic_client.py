@@ -22,9 +22,9 @@ import pytest
 from forgerl.analysis import connect
 from forgerl.schema.store import read_table
 
-from conftest import RecorderProcess, session_calls
-from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
-from scripted_upstream import ScriptedUpstream, ToolCall, Turn, saw_tool_result
+from conftest import session_calls
+from harness_checks import check_same_ids, convert_sft_and_tokens, files_holding, recording
+from scripted_upstream import ToolCall, Turn, saw_tool_result
 
 UA = "acme-agent/0.3 (in-house)"
 KEY = "generic-secret-key-0123456789abcdef"
@@ -95,19 +95,15 @@ LOOPS = {"anthropic": _anthropic, "chat": _chat, "responses": _responses, "gemin
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     data = tmp_path_factory.mktemp("generic") / "data"
-    with ScriptedUpstream(script) as up:
-        rec = RecorderProcess(data, up.url).start()
-        try:
-            with httpx.Client(timeout=30, headers={"user-agent": UA}) as client:
-                for api, loop in LOOPS.items():
-                    loop(client, rec.base(f"g-{api}"))
-                client.post(f"{rec.base('g-completions')}/v1/completions", json={"model": "gpt-x", "prompt": "Say"},
-                            headers={"authorization": f"Bearer {KEY}"}).raise_for_status()
-            for api in TOOL_APIS:
-                session_calls(data, f"g-{api}", 2)
-            session_calls(data, "g-completions", 1)
-        finally:
-            rec.stop()
+    with recording(script, data) as rec:
+        with httpx.Client(timeout=30, headers={"user-agent": UA}) as client:
+            for api, loop in LOOPS.items():
+                loop(client, rec.base(f"g-{api}"))
+            client.post(f"{rec.base('g-completions')}/v1/completions", json={"model": "gpt-x", "prompt": "Say"},
+                        headers={"authorization": f"Bearer {KEY}"}).raise_for_status()
+        for api in TOOL_APIS:
+            session_calls(data, f"g-{api}", 2)
+        session_calls(data, "g-completions", 1)
     return data
 
 
@@ -119,7 +115,7 @@ def test_recorded_as_unknown_with_its_user_agent(recorded):
     assert {c["session_id"]: c["api"] for c in calls} == {f"g-{api}": api for api in (*TOOL_APIS, "completions")}
     assert all(c["status"] == 200 and c["error"] is None and c["complete"] for c in calls)
     assert not any(c["tools_absent"] for c in calls)
-    leaked = [str(p) for p in recorded.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    leaked = files_holding(KEY, recorded)
     assert not leaked, leaked
     parts = [json.loads(p) for p in read_table(recorded, "messages").column("part").to_pylist()]
     made = [p for p in parts if p["type"] == "tool_call"]
@@ -129,18 +125,12 @@ def test_recorded_as_unknown_with_its_user_agent(recorded):
 
 
 def test_converted_to_tokens_and_verl_sft(recorded, tmp_path):
-    from forgerl.trainer.sft_dataset import ForgeSFTDataset
-
-    manifest = convert(recorded, tmp_path / "s", "--to", "verl-sft", "--harness", "unknown", "--no-dedupe")
+    # --no-dedupe: the loops over different APIs may render to the same tokens
+    manifest, token_rows, ds = convert_sft_and_tokens(recorded, tmp_path, "unknown", "--no-dedupe")
     assert manifest["counts"]["sessions"] == 5 and manifest["counts"]["tools_absent_calls"] == 0
-    convert(recorded, tmp_path / "t", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--harness", "unknown",
-            "--no-dedupe")  # the loops over different APIs may render to the same tokens
-    token_rows = {r["session_id"]: r for r in rows(tmp_path / "t")}
+    token_rows = {r["session_id"]: r for r in token_rows}
     assert {sid: r["num_turns"] for sid, r in token_rows.items()} == {
         **{f"g-{api}": 2 for api in TOOL_APIS}, "g-completions": 1}
-    files = sorted(str(p) for p in (tmp_path / "s").glob("train/*.parquet"))
-    ds = ForgeSFTDataset(files, qwen_tokenizer(), {"pad_mode": "no_padding", "max_length": 65536,
-                                                   "ignore_input_ids_mismatch": True})
     assert len(ds) == 5
     for i in range(len(ds)):
         sid = ds.dataframe["session_id"].iloc[i]
@@ -150,9 +140,7 @@ def test_converted_to_tokens_and_verl_sft(recorded, tmp_path):
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
             ("shell", {"command": COMMAND})], sid
         assert [t["function"]["name"] for t in ds.tools[i]] == ["shell"], sid
-        item = ds[i]
-        assert item["input_ids"].tolist() == token_rows[sid]["input_ids"], sid
-        assert item["loss_mask"].tolist() == token_rows[sid]["loss_mask"], sid
+        check_same_ids(ds[i], token_rows[sid], sid)
 
 
 def test_analysed(recorded):

@@ -20,8 +20,8 @@ from forgerl.recorder.harness import identify
 from forgerl.schema import store
 
 from conftest import FORGE_RECORD, REPO, session_calls
+from harness_checks import needs, run_recorded
 from scripted_upstream import Turn
-from test_harnesses import needs, run_recorded
 
 TOOL_SETS = REPO / "tests" / "tool_sets"
 # OpenClaw's system prompt as `buildAgentSystemPrompt` (dist/system-prompt-params-*.mjs) starts it.

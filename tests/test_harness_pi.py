@@ -5,7 +5,7 @@ One recording per module (`forge-record run -- pi -p ... --model qwen3`
 against the scripted upstream: write, read, answer) feeds the record and
 convert tests. pi speaks Chat Completions here (a custom
 `openai-completions` provider the launcher writes). Every run has its
-proxies aimed at a trap (qwen_pi_fixtures.ProxyTrap), so a request to
+proxies aimed at a trap (harness_checks.ProxyTrap), so a request to
 anywhere but the recorder fails the test.
 """
 
@@ -17,10 +17,10 @@ import pytest
 
 from forgerl.runners.harnesses import RunContext, get_harness
 
-from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_graded_sparql, check_recorded, check_served_loop,
-                              check_sft, files_holding, loop_script, record_loop, sparql_script)
+from harness_checks import files_holding, graded_sparql, needs, sparql_script
+from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_recorded, check_served_loop, check_sft, proof_loop,
+                              record_loop)
 from scripted_upstream import ToolCall
-from test_harnesses import needs
 
 pytestmark = pytest.mark.slow
 KEY = "sk-proj-pipipipipipipipipipipipi5678"
@@ -28,7 +28,7 @@ KEY = "sk-proj-pipipipipipipipipipipipi5678"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> dict:
-    script = loop_script(ToolCall("write", {"path": "proof.txt", "content": PROOF}),
+    script = proof_loop(ToolCall("write", {"path": "proof.txt", "content": PROOF}),
                          ToolCall("read", {"path": "proof.txt"}))
     # `--provider openai` is the user's: the launcher swaps in its own provider, keeping the model name
     cmd = [str(needs("pi")), "-p", "--mode", "json", "--provider", "openai", "--model", "qwen3",
@@ -55,15 +55,13 @@ def test_atif_and_analysis(recorded, tmp_path):
 
 
 def test_forge_run_grades_a_qwenclawbench_task(scripted, tmp_path):
-    extra = check_graded_sparql(scripted(sparql_script("bash")).url, tmp_path / "data", "pi")
+    _, extra, _ = graded_sparql("pi", scripted(sparql_script("bash")).url, tmp_path / "data", "--model", "qwen3")
     assert '"toolName":"bash"' in extra["harness_transcript"]
 
 
 def test_served_by_the_policy(tmp_path):
     needs("pi")
-    check_served_loop(tmp_path, "pi", [
-        'I\'ll write the file.\n<tool_call>\n{"name": "bash", "arguments": {"command": '
-        '"echo forgerl > proof.txt"}}\n</tool_call>', "<think>\nIt worked.\n</think>\n\nDone."])
+    check_served_loop(tmp_path, "pi", "bash")
 
 
 def test_adapter_points_at_the_recorder(tmp_path):
@@ -76,7 +74,7 @@ def test_adapter_points_at_the_recorder(tmp_path):
     assert provider["baseUrl"] == "http://127.0.0.1:8787/s/s1/v1" and provider["api"] == "openai-completions"
     assert provider["apiKey"] == "OPENAI_API_KEY" and provider["models"] == [{"id": "qwen3"}]
     assert env["OPENAI_API_KEY"] == KEY and env["PI_OFFLINE"] == "1" and env["PI_TELEMETRY"] == "0"
-    assert not files_holding([ctx.home], KEY[8:])
+    assert not files_holding(KEY[8:], ctx.home)
 
 
 def test_launcher_keeps_the_model_name(tmp_path):

@@ -2,7 +2,7 @@
 
 One recording per module (`forge-record run -- qwen ...` against the scripted
 upstream: write_file, read_file, answer) feeds the record and convert tests.
-Every run has its proxies aimed at a trap (qwen_pi_fixtures.ProxyTrap), so a
+Every run has its proxies aimed at a trap (harness_checks.ProxyTrap), so a
 request to anywhere but the recorder fails the test.
 """
 
@@ -16,10 +16,10 @@ from forgerl.recorder.apis import codec_for
 from forgerl.recorder.harness import identify
 from forgerl.runners.harnesses import RunContext, get_harness
 
-from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_graded_sparql, check_recorded, check_served_loop,
-                              check_sft, files_holding, loop_script, record_loop, sparql_script)
+from harness_checks import files_holding, graded_sparql, needs, sparql_script
+from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_recorded, check_served_loop, check_sft, proof_loop,
+                              record_loop)
 from scripted_upstream import ToolCall
-from test_harnesses import needs
 
 pytestmark = pytest.mark.slow
 KEY = "sk-proj-qwenqwenqwenqwenqwenqwen1234"
@@ -30,7 +30,7 @@ def recorded(tmp_path_factory) -> dict:
     qwen = needs("qwen")
     base = tmp_path_factory.mktemp("qwen")
     proof = base / "work" / "proof.txt"  # Qwen Code's file tools take absolute paths
-    script = loop_script(ToolCall("write_file", {"file_path": str(proof), "content": PROOF}),
+    script = proof_loop(ToolCall("write_file", {"file_path": str(proof), "content": PROOF}),
                          ToolCall("read_file", {"file_path": str(proof)}))
     cmd = [str(qwen), "--yolo", "--output-format", "json", "-m", "qwen3", "Write proof.txt, then read it back."]
     return record_loop(cmd, base, "qw", script, KEY)
@@ -57,15 +57,14 @@ def test_atif_and_analysis(recorded, tmp_path):
 
 
 def test_forge_run_grades_a_qwenclawbench_task(scripted, tmp_path):
-    extra = check_graded_sparql(scripted(sparql_script("run_shell_command")).url, tmp_path / "data", "qwen-code")
+    _, extra, _ = graded_sparql("qwen-code", scripted(sparql_script("run_shell_command")).url, tmp_path / "data",
+                                "--model", "qwen3")
     assert '"run_shell_command"' in extra["harness_transcript"]
 
 
 def test_served_by_the_policy(tmp_path):
     needs("qwen")
-    check_served_loop(tmp_path, "qwen-code", [
-        'I\'ll write the file.\n<tool_call>\n{"name": "run_shell_command", "arguments": {"command": '
-        '"echo forgerl > proof.txt"}}\n</tool_call>', "<think>\nIt worked.\n</think>\n\nDone."])
+    check_served_loop(tmp_path, "qwen-code", "run_shell_command")
 
 
 def test_adapter_points_at_the_recorder(tmp_path):
@@ -75,4 +74,4 @@ def test_adapter_points_at_the_recorder(tmp_path):
     assert argv == ["/bin/qwen", "--auth-type", "openai", "--yolo", "--output-format", "json", "-m", "qwen3", "fix it"]
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:8787/s/s1/v1" and env["OPENAI_API_KEY"] == KEY
     assert env["QWEN_USAGE_STATISTICS_ENABLED"] == "false" and env["HOME"] == str(ctx.home)
-    assert not ctx.home.exists() or not files_holding([ctx.home], KEY[8:])
+    assert not ctx.home.exists() or not files_holding(KEY[8:], ctx.home)

@@ -9,24 +9,14 @@ dataset holds the calls, the tool call and its result.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import FORGE_RECORD, REPO, session_calls, session_parts
+from conftest import session_calls
+from harness_checks import needs, run_recorded, tool_exchange
 from scripted_upstream import Request, ToolCall, Turn, saw_tool_result
 
-BIN = REPO / "node_modules" / ".bin"
 pytestmark = pytest.mark.slow
-
-
-def needs(cli: str) -> Path:
-    path = BIN / cli
-    if not path.exists():
-        pytest.fail(f"{path} missing: run `make test` (npm ci installs the pinned harness CLIs)")
-    return path
 
 
 def claude_script(request: Request) -> Turn:
@@ -35,28 +25,6 @@ def claude_script(request: Request) -> Turn:
         return Turn(text="I'll write the file.", tool_calls=[
             ToolCall("Bash", {"command": "echo forgerl > proof.txt", "description": "Write proof file"})])
     return Turn(text="Done.")
-
-
-def run_recorded(tmp_path: Path, session: str, upstream: str, cmd: list[str], env: dict) -> subprocess.CompletedProcess:
-    work = tmp_path / "work"
-    work.mkdir()
-    home = tmp_path / "home"
-    (home / ".codex").mkdir(parents=True)
-    env = {**os.environ, "HOME": str(home), **env}
-    return subprocess.run([FORGE_RECORD, "run", "--out", str(tmp_path / "data"), "--session", session,
-                           "--upstream-anthropic", upstream, "--upstream-openai", upstream, "--", *cmd],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
-
-
-def tool_exchange(root: Path, session: str, calls: list[dict], tool: str) -> tuple[dict, dict]:
-    """The tool call the model made and the tool result the harness sent back for it."""
-    parts = {h: json.loads(p) for h, p in session_parts(root, session).items()}
-    made = [parts[h] for c in calls for h in c["output_refs"] if parts[h]["type"] == "tool_call"]
-    assert [m["tool_name"] for m in made] == [tool], made
-    results = [parts[h] for c in calls for h in c["input_refs"]
-               if parts[h]["type"] == "tool_result" and parts[h]["call_id"] == made[0]["call_id"]]
-    assert results, "the tool result never reached the model"
-    return made[0], results[0]
 
 
 def test_claude_code(scripted, tmp_path):

@@ -25,23 +25,16 @@ from forgerl.recorder.launch import codex_overrides, harness_env
 from forgerl.recorder.proxy import free_port
 from forgerl.schema.toolcalls import parse_generation
 
-from conftest import REPO, RecorderProcess, session_calls
+from conftest import RecorderProcess, session_calls
+from harness_checks import needs, serve_script
 from serve_fixtures import EOS_ID, TOKENIZER_DIR, VLLM_PYTHON, TinyLM, TinyPolicyServer, start_vllm, tiny_model
 
 pytestmark = pytest.mark.slow
-BIN = REPO / "node_modules" / ".bin"
 
 
 @pytest.fixture(scope="module")
 def tok():
     return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
-
-
-def serve_script(tmp_path: Path, turns: list[str]) -> RecorderProcess:
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(turns))
-    return RecorderProcess(tmp_path / "data", None, "--policy", f"script:{script}", "--tokenizer",
-                           str(TOKENIZER_DIR), "--served-model", "qwen3-policy").start()
 
 
 def run_cli(tmp_path: Path, cmd: list[str], env: dict, fresh: bool = True) -> subprocess.CompletedProcess:
@@ -86,7 +79,7 @@ def test_claude_code_served_by_the_policy(tmp_path, tok):
     served = serve_script(tmp_path, CLAUDE_TURNS)
     try:
         env = {**harness_env(served.url, "cc"), "ANTHROPIC_API_KEY": "sk-ant-api03-servedservedserved", "IS_SANDBOX": "1"}
-        r = run_cli(tmp_path, [str(BIN / "claude"), "-p", "Write proof.txt", "--output-format", "json",
+        r = run_cli(tmp_path, [str(needs("claude")), "-p", "Write proof.txt", "--output-format", "json",
                                "--dangerously-skip-permissions"], env)
     finally:
         served.stop()
@@ -104,7 +97,7 @@ CODEX_TURNS = ['<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo
 def test_codex_served_by_the_policy(tmp_path, tok):
     served = serve_script(tmp_path, CODEX_TURNS)
     try:
-        r = run_cli(tmp_path, [str(BIN / "codex"), *codex_overrides(served.url, "cx"), "exec", "--skip-git-repo-check",
+        r = run_cli(tmp_path, [str(needs("codex")), *codex_overrides(served.url, "cx"), "exec", "--skip-git-repo-check",
                                "--dangerously-bypass-approvals-and-sandbox", "Write proof.txt"],
                     {"OPENAI_API_KEY": "sk-proj-servedservedservedserved"})
     finally:
@@ -189,7 +182,7 @@ def test_served_claude_code_segments_agree_everywhere(tmp_path, tok):
     try:
         for n, args in enumerate((["-p", "How many files are here? Use a subagent."], ["-p", "/compact", "--continue"],
                                   ["-p", "Remind me of the count.", "--continue"])):
-            r = run_cli(tmp_path, [str(BIN / "claude"), *args, *common], env, fresh=n == 0)
+            r = run_cli(tmp_path, [str(needs("claude")), *args, *common], env, fresh=n == 0)
             assert r.returncode == 0, r.stdout + r.stderr
     finally:
         served.stop()

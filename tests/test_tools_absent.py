@@ -24,9 +24,10 @@ import pytest
 from forgerl.schema import store, tables
 from forgerl.schema.migrations import upgrade
 
-from conftest import RecorderProcess, session_calls
-from runner_fixtures import BENCH, NOVEL_TASK, task_script
-from scripted_upstream import ScriptedUpstream, ToolCall, Turn, last_user_text, saw_tool_result
+from conftest import session_calls
+from harness_checks import forge_run, recording
+from runner_fixtures import NOVEL_TASK, task_script
+from scripted_upstream import ToolCall, Turn, last_user_text, saw_tool_result
 
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
@@ -55,19 +56,15 @@ def tool_loop(url: str, tools: list[dict] | None) -> None:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     data = tmp_path_factory.mktemp("absent") / "data"
-    with ScriptedUpstream(loop_script) as up:
-        rec = RecorderProcess(data, up.url).start()
-        try:
-            tool_loop(rec.base("bare"), None)
-            tool_loop(rec.base("full"), [BASH])
-            with httpx.Client(timeout=30) as client:  # no tools and no tool calls: nothing is missing
-                client.post(f"{rec.base('chat')}/v1/chat/completions", json={
-                    "model": "m", "messages": [{"role": "user", "content": "Hi"}]}).raise_for_status()
-            session_calls(data, "bare", 2)
-            session_calls(data, "full", 2)
-            session_calls(data, "chat", 1)
-        finally:
-            rec.stop()
+    with recording(loop_script, data) as rec:
+        tool_loop(rec.base("bare"), None)
+        tool_loop(rec.base("full"), [BASH])
+        with httpx.Client(timeout=30) as client:  # no tools and no tool calls: nothing is missing
+            client.post(f"{rec.base('chat')}/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": "Hi"}]}).raise_for_status()
+        session_calls(data, "bare", 2)
+        session_calls(data, "full", 2)
+        session_calls(data, "chat", 1)
     return data
 
 
@@ -130,13 +127,8 @@ def test_the_migration_decides_as_the_writer(recorded, tmp_path):
 @pytest.mark.slow
 def test_forge_run_gives_codex_a_model_so_it_sends_its_tools(scripted, tmp_path):
     """Without --model forge-run passes the adapter's default (gpt-5.4): Codex then sends `tools`."""
-    up = scripted(task_script)
-    out = tmp_path / "data"
-    r = subprocess.run([str(Path(sys.executable).with_name("forge-run")), str(BENCH), "--task", NOVEL_TASK,
-                        "--harness", "codex", "--upstream", up.url, "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (call,) = [c for c in store.read_table(out, "calls").to_pylist() if c["api"] == "responses"]
+    _, _, calls = forge_run(NOVEL_TASK, "codex", tmp_path / "data", "--upstream", scripted(task_script).url)
+    (call,) = [c for c in calls if c["api"] == "responses"]
     assert call["model_requested"] == "gpt-5.4" and call["tools_absent"] is False
     sent = {t["name"] for t in json.loads(call["tools"])}
     assert {"exec_command", "write_stdin"} <= sent
