@@ -32,6 +32,9 @@ class Launch:
 Launcher = Callable[[list[str], str, str, Path], Launch]
 
 
+PROVIDER = "forgerl"  # the name every harness config gives the recorder as its model provider
+
+
 def session_root(base_url: str, session: str) -> str:
     """The session's URL on the recorder: every API path goes under it."""
     return f"{base_url}/s/{session}"
@@ -50,13 +53,20 @@ def harness_env(base_url: str, session: str) -> dict[str, str]:
 
 def codex_overrides(base_url: str, session: str) -> list[str]:
     """`-c` flags that give Codex a provider pointing at the recorder over SSE."""
-    provider = (f'{{name="forgerl", base_url="{session_root(base_url, session)}/v1", wire_api="responses", '
+    provider = (f'{{name="{PROVIDER}", base_url="{session_root(base_url, session)}/v1", wire_api="responses", '
                 f'env_key="OPENAI_API_KEY"}}')
-    return ["-c", f"model_providers.forgerl={provider}", "-c", "model_provider=forgerl"]
+    return ["-c", f"model_providers.{PROVIDER}={provider}", "-c", f"model_provider={PROVIDER}"]
 
 
 def codex(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
     return Launch([argv[0], *codex_overrides(base_url, session), *argv[1:]], harness_env(base_url, session))
+
+
+def _write_json(path: Path, doc: dict) -> Path:
+    """A harness config file (keys stay in the environment: configs name the variable, never its value)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+    return path
 
 
 def claude_code(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
@@ -87,14 +97,13 @@ def qwen_code(argv: list[str], base_url: str, session: str, scratch: Path) -> La
                   {**harness_env(base_url, session), "QWEN_USAGE_STATISTICS_ENABLED": "false"})
 
 
-PI_PROVIDER = "forgerl"
 PI_OFFLINE = {"PI_OFFLINE": "1", "PI_TELEMETRY": "0"}  # no version check, install report or tool downloads
 
 
 def pi_models(base_url: str, session: str, model: str) -> dict:
     """pi's `models.json`: one Chat Completions provider at the session, its key read from `OPENAI_API_KEY`
     (the variable's name, not its value, is written)."""
-    return {"providers": {PI_PROVIDER: {
+    return {"providers": {PROVIDER: {
         "baseUrl": f"{session_root(base_url, session)}/v1", "api": "openai-completions", "apiKey": "OPENAI_API_KEY",
         "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
         "models": [{"id": model}]}}}
@@ -106,16 +115,15 @@ def pi(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
     the given `--provider P` is dropped; `Qwen/Qwen3-8B` stays whole)."""
     rest, given = _drop_options(argv[1:], ("--provider", "--model"))
     model = given.get("--model", "policy")
-    for provider in (PI_PROVIDER, given.get("--provider")):
+    for provider in (PROVIDER, given.get("--provider")):
         model = model.removeprefix(f"{provider}/") if provider else model
     agent = scratch / "pi-agent"
-    agent.mkdir(parents=True, exist_ok=True)
-    (agent / "models.json").write_text(json.dumps(pi_models(base_url, session, model), indent=2))
+    _write_json(agent / "models.json", pi_models(base_url, session, model))
     user_agent = Path(os.environ.get("PI_CODING_AGENT_DIR") or Path.home() / ".pi" / "agent").expanduser()
     sessions = os.environ.get("PI_CODING_AGENT_SESSION_DIR") or str(user_agent / "sessions" / pi_folder(Path.cwd()))
     env = {**harness_env(base_url, session), **PI_OFFLINE, "PI_CODING_AGENT_DIR": str(agent),
            "PI_CODING_AGENT_SESSION_DIR": sessions}
-    return Launch([argv[0], *rest, "--provider", PI_PROVIDER, "--model", model], env)
+    return Launch([argv[0], *rest, "--provider", PROVIDER, "--model", model], env)
 
 
 def pi_folder(cwd: Path) -> str:
@@ -156,9 +164,7 @@ def gemini_env(base_url: str, session: str, home: Path) -> dict[str, str]:
     `x-goog-api-key`), and `GEMINI_CLI_HOME` = `home`, whose `.gemini/settings.json` holds `GEMINI_SETTINGS`
     (its chats go there too). Not the system settings file: Gemini CLI skips one whose parent folders are
     writable by others, as /tmp is. The workspace is trusted, so headless `--yolo` may run tools."""
-    settings = home / ".gemini" / "settings.json"
-    settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps(GEMINI_SETTINGS, indent=2))
+    _write_json(home / ".gemini" / "settings.json", GEMINI_SETTINGS)
     return {**harness_env(base_url, session), "GOOGLE_GEMINI_BASE_URL": session_root(base_url, session),
             "GEMINI_CLI_HOME": str(home), "GEMINI_CLI_TRUST_WORKSPACE": "true"}
 
@@ -167,7 +173,6 @@ def gemini(argv: list[str], base_url: str, session: str, scratch: Path) -> Launc
     return Launch(list(argv), gemini_env(base_url, session, scratch / "gemini"))
 
 
-OPENCODE_PROVIDER = "forgerl"
 OPENCODE_OFFLINE = {"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
                     "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
 """OpenCode 1.18's phone-home off: the models.dev catalogue, the update check, language-server downloads and
@@ -178,11 +183,11 @@ def opencode_config(base_url: str, session: str, model: str) -> dict:
     """OpenCode's config (`OPENCODE_CONFIG_CONTENT`): one `@ai-sdk/openai-compatible` provider at the session,
     its key read from `OPENAI_API_KEY` when called, as the default model; every permission granted (headless
     runs cannot ask), no auto-update, no sharing, no git snapshots of the workspace (kept for undo only)."""
-    return {"provider": {OPENCODE_PROVIDER: {
-                "npm": "@ai-sdk/openai-compatible", "name": OPENCODE_PROVIDER,
+    return {"provider": {PROVIDER: {
+                "npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
                 "options": {"baseURL": f"{session_root(base_url, session)}/v1", "apiKey": "{env:OPENAI_API_KEY}"},
                 "models": {model: {"name": model, "tool_call": True}}}},
-            "model": f"{OPENCODE_PROVIDER}/{model}", "permission": "allow", "autoupdate": False, "share": "disabled",
+            "model": f"{PROVIDER}/{model}", "permission": "allow", "autoupdate": False, "share": "disabled",
             "snapshot": False}
 
 
@@ -207,19 +212,16 @@ def opencode(argv: list[str], base_url: str, session: str, scratch: Path) -> Lau
     return Launch([argv[0], *rest], opencode_env(base_url, session, model, scratch / "opencode-config", Path.cwd()))
 
 
-OPENCLAW_PROVIDER = "forgerl"
-
-
 def openclaw_config(base_url: str, session: str, model: str, workspace: Path) -> dict:
     """OpenClaw 2026.9's `openclaw.json`: one Chat Completions provider at the session (its key read from
     `OPENAI_API_KEY`, the variable's name written, not its value) as the default model, the workspace left as
     it is (no AGENTS.md/SOUL.md/... bootstrap files), and its phone-home off: memory search (embeddings from
     api.openai.com on every session update), the daily update check and feature statistics
     (telemetry.openclaw.ai)."""
-    return {"models": {"providers": {OPENCLAW_PROVIDER: {
+    return {"models": {"providers": {PROVIDER: {
                 "baseUrl": f"{session_root(base_url, session)}/v1", "api": "openai-completions",
                 "apiKey": "${OPENAI_API_KEY}", "models": [{"id": model, "name": model}]}}},
-            "agents": {"defaults": {"model": {"primary": f"{OPENCLAW_PROVIDER}/{model}"},
+            "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{model}"},
                                     "workspace": str(workspace), "skipBootstrap": True}},
             "memory": {"search": {"enabled": False}},
             "update": {"checkOnStart": False}, "telemetry": {"enabled": False}}
@@ -227,9 +229,7 @@ def openclaw_config(base_url: str, session: str, model: str, workspace: Path) ->
 
 def openclaw_env(base_url: str, session: str, model: str, workspace: Path, state: Path) -> dict[str, str]:
     """OpenClaw with its state folder (config, agents' SQLite transcripts) at `state`."""
-    config = state / "openclaw.json"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps(openclaw_config(base_url, session, model, workspace), indent=2))
+    config = _write_json(state / "openclaw.json", openclaw_config(base_url, session, model, workspace))
     return {**harness_env(base_url, session), "OPENCLAW_STATE_DIR": str(state), "OPENCLAW_CONFIG_PATH": str(config),
             "OPENCLAW_NO_AUTO_UPDATE": "1"}
 

@@ -247,10 +247,13 @@ def _run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     if _runner_gone_first(child.pid, runner):
         child.kill()
-    code = child.wait()
-    return 128 - code if code < 0 else code
+    return _exit_code(child.wait())
 
 
 def _status(wait_status: int) -> int:
-    code = os.waitstatus_to_exitcode(wait_status)
-    return 128 - code if code < 0 else code
+    return _exit_code(os.waitstatus_to_exitcode(wait_status))
+
+
+def _exit_code(returncode: int) -> int:
+    """A child's status as a shell reports it: 128 + signal when a signal killed it."""
+    return 128 - returncode if returncode < 0 else returncode

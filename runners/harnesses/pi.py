@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from forgerl.recorder.launch import PI_OFFLINE, PI_PROVIDER, harness_env, pi_models
+from forgerl.recorder.launch import PI_OFFLINE, PROVIDER, harness_env, pi_models
 
 from .base import Harness, RunContext, openai_env, write_config
 
@@ -32,7 +32,7 @@ class Pi(Harness):
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ctx.model or "policy"
         write_config(ctx, ".pi/agent/models.json", json.dumps(pi_models(ctx.base_url, ctx.session, model), indent=2))
-        argv = [exe, "-p", "--mode", "json", "--provider", PI_PROVIDER, "--model", model, ctx.prompt]
+        argv = [exe, "-p", "--mode", "json", "--provider", PROVIDER, "--model", model, ctx.prompt]
         return argv, {**harness_env(ctx.base_url, ctx.session), **openai_env(ctx), **PI_OFFLINE}
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
