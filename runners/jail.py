@@ -28,10 +28,13 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .bridge import forward, tcp_connector, unix_connector, unix_listener
+from .mountns import enter_root
+from .verifier import VerifierStage, run_stage, snapshot
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 36, 1
@@ -52,6 +55,12 @@ class JailSpec:
     bridge_unix: str = ""
     recorder_host: str = ""
     recorder_port: int = 0
+    # Optional stages (`verifier.Layout`): a root of the rollout's own in a mount namespace, the harness's
+    # wall clock kept by PID 1, and a verifier run after the harness. Need the namespaces (a bridge).
+    root: str = ""
+    binds: list[list[str]] = field(default_factory=list)
+    harness_timeout_s: float = 0.0
+    verifier: dict | None = None
 
 
 def loopback_up() -> None:
@@ -188,7 +197,25 @@ def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, re
     dns_fails_fast()
     listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
     forward(listener, unix_connector(spec.bridge_unix))
-    return _run(spec, stdout, stderr, runner) if ready() else 127
+    if spec.root:
+        enter_root(spec.root, [(target, source) for target, source in spec.binds])
+    if spec.verifier is None:
+        return _run(spec, stdout, stderr, runner) if ready() else 127
+    return _harness_then_verifier(spec, stdout, stderr, runner, ready)
+
+
+def _harness_then_verifier(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket,
+                           ready: Callable[[], bool]) -> int:
+    """The harness under PID 1's own clock, then the verifier stage (`verifier.run_stage`); the harness's status."""
+    stage = VerifierStage(**spec.verifier)
+    tests = snapshot(stage.tests_source)  # before the agent can touch them
+    if not ready():
+        return 127
+    start = time.monotonic()
+    code = _run(spec, stdout, stderr, runner)
+    timed_out = bool(spec.harness_timeout_s) and time.monotonic() - start >= spec.harness_timeout_s
+    run_stage(stage, tests, timed_out)
+    return code
 
 
 def _fork_child(body: Callable[[], int], stderr: int) -> int:
@@ -220,8 +247,9 @@ def _wait_child(pid: int, runner: socket.socket) -> int:
     return _status(os.waitpid(pid, 0)[1])
 
 
-def _runner_gone_first(pid: int, runner: socket.socket) -> bool:
-    """Wait for child `pid` to exit (without reaping it), or for the runner to hang up: whether the runner did.
+def _runner_gone_first(pid: int, runner: socket.socket, timeout_s: float | None = None) -> bool:
+    """Wait for child `pid` to exit (without reaping it), or for the runner to hang up: whether the runner did
+    (or `timeout_s` passed first: the child must go either way).
 
     The runner hangs up only by dying before the harness ended, without
     killing the jail; then what is under the jail must go too. (No watcher
@@ -232,7 +260,7 @@ def _runner_gone_first(pid: int, runner: socket.socket) -> bool:
         events = select.poll()
         events.register(exited, select.POLLIN)
         events.register(runner, 0)  # only POLLHUP and POLLERR, which poll always reports
-        return exited not in dict(events.poll())
+        return exited not in dict(events.poll(None if timeout_s is None else timeout_s * 1000))
     finally:
         os.close(exited)
 
@@ -245,7 +273,7 @@ def _run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int
         os.write(stderr, f"forgerl-jail: cannot start {spec.argv[0]}: {e}\n".encode())
         return 127
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-    if _runner_gone_first(child.pid, runner):
+    if _runner_gone_first(child.pid, runner, spec.harness_timeout_s or None):
         child.kill()
     return _exit_code(child.wait())
 

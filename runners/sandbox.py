@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from .forkserver import Forked, ForkError
 from .jail import JailSpec
+from .verifier import Layout
 
 BRIDGE_PORT = 8787  # inside the rollout's own network namespace, any port is free
 KILL_GRACE_S = 2.0
@@ -132,13 +133,26 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def confine(self, argv: list[str], env: dict[str, str], cwd: Path, *, cpu_s: int, memory_mb: int) -> None:
-        """Make the jail (namespaces, bridge, cgroup) and leave it waiting for `run`: OSError if it cannot."""
+    def confine(self, argv: list[str], env: dict[str, str], cwd: Path, *, cpu_s: int, memory_mb: int,
+                layout: Layout | None = None, harness_timeout_s: float = 0.0) -> None:
+        """Make the jail (namespaces, bridge, cgroup) and leave it waiting for `run`: OSError if it cannot.
+
+        A `layout` (fixed paths in a mount namespace, a verifier after the harness) needs the namespaces;
+        `harness_timeout_s` is then kept by the jail, so the verifier still runs after an agent timeout.
+        """
         if memory_mb > 0:  # 0: no memory limit (and no cgroup)
             self._make_cgroup(memory_mb)
+        spec = self._spec(argv, env, cwd, cpu_s)
+        if layout is not None:
+            if not self.netns:
+                raise OSError("this task needs a mount and a PID namespace (its fixed paths and verifier), and "
+                              + ("network isolation is off" if not self.isolate_network else "unshare fails here"))
+            spec.harness_timeout_s = harness_timeout_s
+            vars(spec).update(layout.jail_fields())
+            self.enforced.append(f"mount namespace: {', '.join(t for t, _ in layout.binds)} of the rollout's own"
+                                 + ("; verifier after the agent, in a fresh /logs/verifier" if layout.verifier else ""))
         with open(self.tmp / "stdout.log", "wb") as out, open(self.tmp / "stderr.log", "wb") as err:
-            self._job = Forked({"job": "jail", **asdict(self._spec(argv, env, cwd, cpu_s))},
-                               [out.fileno(), err.fileno()])
+            self._job = Forked({"job": "jail", **asdict(spec)}, [out.fileno(), err.fileno()])
         try:
             if self._job.answer(CONFINE_TIMEOUT_S) != {"ready": True}:
                 raise OSError(f"the jail was not ready after {CONFINE_TIMEOUT_S:.0f} s")

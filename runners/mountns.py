@@ -1,0 +1,98 @@
+"""A rollout's own view of the filesystem: the machine's root, plus per-rollout directories at fixed paths.
+
+Benchmarks written for containers (Harbor) expect fixed absolute paths: the
+working directory (`/app`), `/logs/verifier`, `/tests`. On the local runner
+there is no image, so PID 1 of the rollout's jail, in a mount namespace of
+its own (`unshare --mount`), builds a root on a tmpfs: every top-level entry
+of the machine's `/` bound into it as it is, except the top-level names the
+rollout's binds claim, which are fresh directories on that tmpfs; then each
+bind (target path inside, source directory of this rollout outside), and
+`pivot_root` into it. Parallel rollouts each get their own `/app`, `/tests`
+and `/logs/verifier`; nothing of the machine's own `/logs` or `/app`, if
+any, shows through, and nothing is created outside the rollout's temp dir.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import shutil
+from pathlib import PurePosixPath
+
+_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 1 << 18
+_MNT_DETACH = 2
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+CLONE_NEWNS = 0x00020000
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = (lambda s: s.encode() if s is not None else None)
+    _check(_LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {source or fstype} on {target}")
+
+
+def bind(source: str, target: str) -> None:
+    """Bind `source` (with what is mounted beneath it) at `target`, in this mount namespace only."""
+    _mount(source, target, None, _MS_BIND | _MS_REC)
+
+
+def _pivot_root(new_root: str) -> None:
+    """Make `new_root` this namespace's `/` and detach the old one (no way back to it from inside)."""
+    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(f"pivot_root: unknown syscall number on {platform.machine()}")
+    os.chdir(new_root)
+    _check(_LIBC.syscall(number, b".", b"."), "pivot_root")
+    _check(_LIBC.umount2(b".", _MNT_DETACH), "detach the old root")
+    os.chdir("/")
+
+
+def enter_root(new_root: str, binds: list[tuple[str, str]]) -> None:
+    """In a fresh mount namespace: `/` as it was, with each (target, source) of `binds` bound at target.
+
+    `new_root` is an empty directory of this rollout's (it becomes the
+    tmpfs the new root lives on). Top-level names a target falls under
+    are fresh directories, so targets never touch the machine's own files.
+    A source of "" leaves the target an empty directory on the tmpfs (a
+    mount point for later).
+    """
+    _check(_LIBC.unshare(CLONE_NEWNS), "unshare a mount namespace")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here shows outside
+    _mount("tmpfs", new_root, "tmpfs", 0, "mode=0755")
+    claimed = {PurePosixPath(target).parts[1] for target, _ in binds}
+    for name in sorted(os.listdir("/")):
+        if name in claimed:
+            continue
+        source, dest = f"/{name}", os.path.join(new_root, name)
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), dest)
+        elif os.path.isdir(source):
+            os.mkdir(dest)
+            bind(source, dest)
+        else:
+            open(dest, "w").close()
+            _mount(source, dest, None, _MS_BIND)
+    for target, source in binds:
+        dest = new_root + target
+        os.makedirs(dest, exist_ok=True)  # under a claimed name: on the tmpfs
+        if source:
+            bind(source, dest)
+    _pivot_root(new_root)
+    _LIBC.umount2(new_root.encode(), _MNT_DETACH)  # the tmpfs as seen again through the bound parent
+
+
+def fresh_dir(path: str) -> None:
+    """An empty directory at `path`, whatever was there (a directory, a file, a symlink planted there)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+    os.mkdir(path, 0o777)
