@@ -17,11 +17,15 @@ automated score itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forgerl.schema.messages import Message
+
 from .forkserver import ForkError, fork_grade
+from .transcript import openclaw_events, rollout_messages
 
 if TYPE_CHECKING:
     from .tasks import Task
@@ -32,6 +36,31 @@ NOT_GRADED = "not graded"
 
 class GradingError(RuntimeError):
     """grade() raised, hung, or returned something that is not {name: number}."""
+
+
+@dataclass(frozen=True)
+class GradeInput:
+    """What a task's `score` may read about one finished rollout (its recorded calls are durable by then).
+
+    `messages` and `transcript` are read from the dataset on first use, so a
+    kind that needs neither never reads the session's calls.
+    """
+
+    dataset: Path  # the dataset root the recorder writes
+    session: str
+    workspace: Path
+    final_answer: str | None = None  # the harness's last answer to the user, from its own output
+    service_state: dict[str, object] = field(default_factory=dict)  # service name -> what its state endpoints returned
+
+    @cached_property
+    def messages(self) -> list[Message]:
+        """The recorded conversation in the schema's canonical model: the last call's input and output."""
+        return rollout_messages(self.dataset, self.session)
+
+    @cached_property
+    def transcript(self) -> list[dict]:
+        """The OpenClaw-style transcript QwenClawBench graders read (`transcript.py`)."""
+        return openclaw_events(self.messages)
 
 
 def run_grade(code: str, transcript: list, workspace: str) -> dict[str, float]:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .grading import GradeInput
 from .harnesses import Harness, RunContext
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, grade_session, now, prepare_workspace
 from .sandbox import Sandbox
@@ -80,9 +81,11 @@ class LocalRunner(BatchRunner):
                 raise InfraError(f"sandbox failed to start: {e}") from None
         timings["harness"] = round(result.seconds, 4)
         clock = time.monotonic()
-        scores = grade_session(task, self.dataset, session, workspace, self.recorder_url)
+        final_answer = self.harness.final_answer(result.stdout, ctx)
+        run = GradeInput(self.dataset, session, workspace, final_answer)
+        scores = grade_session(task, run, self.recorder_url)
         timings["grade"] = round(time.monotonic() - clock, 4)
-        extra = {"final_answer": self.harness.final_answer(result.stdout, ctx),
+        extra = {"final_answer": final_answer,
                  "harness_transcript": self.harness.own_transcript(ctx),
                  "returncode": result.returncode, "seconds": round(result.seconds, 3),
                  "enforced": sandbox.enforced, "stderr_tail": result.stderr[-STDERR_TAIL:] or None,

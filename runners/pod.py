@@ -27,6 +27,7 @@ from pathlib import Path
 
 from forgerl.recorder.writer_process import RecorderFailure
 
+from .grading import GradeInput
 from .harnesses import RunContext, get_harness
 from .local import PASSTHROUGH_ENV
 from .rollout import InfraError, grade_session, prepare_workspace
@@ -63,14 +64,16 @@ def run_pod(env: dict[str, str]) -> dict:
             run_env = {k: env[k] for k in PASSTHROUGH_ENV if k in env} | harness_env
             sandbox.confine(argv, run_env, workspace, cpu_s=task.cpu_s, memory_mb=task.memory_mb)
             result = sandbox.run(float(env.get("FORGE_TIMEOUT_S") or task.timeout_s))
-        scores = grade_session(task, Path(env["FORGE_DATASET"]), session, workspace, env["FORGE_RECORDER_URL"])
+        final_answer = harness.final_answer(result.stdout, ctx)
+        run = GradeInput(Path(env["FORGE_DATASET"]), session, workspace, final_answer)
+        scores = grade_session(task, run, env["FORGE_RECORDER_URL"])
     except InfraError as e:
         return {"session": session, "status": "infra_error", "error": str(e)}
     except RecorderFailure as e:
         return {"session": session, "status": RECORDER_FAILURE, "error": str(e)}
     return {"session": session, "status": "graded", "scores": scores, "timed_out": result.timed_out,
             "returncode": result.returncode, "seconds": round(result.seconds, 3), "enforced": sandbox.enforced,
-            "final_answer": harness.final_answer(result.stdout, ctx)}
+            "final_answer": final_answer}
 
 
 def main() -> int:

@@ -34,10 +34,9 @@ from forgerl.recorder.control import BarrierError, RecorderControl
 from forgerl.recorder.writer_process import RecorderFailure
 from forgerl.schema.store import MANIFEST, DatasetWriter
 
-from .grading import GradingError, combine, grade_workspace
+from .grading import GradeInput, GradingError
 from forgerl.schema.sessions import session_count
 from .tasks import Task
-from .transcript import rollout_transcript
 
 
 class InfraError(RuntimeError):
@@ -90,12 +89,11 @@ def durable_calls(recorder_url: str, dataset: Path, session: str) -> int:
     return acknowledged
 
 
-def grade_session(task: Task, dataset: Path, session: str, workspace: Path, recorder_url: str) -> dict[str, float]:
-    """Scores from grade(), with the transcript built from the session's recorded calls."""
-    durable_calls(recorder_url, dataset, session)
+def grade_session(task: Task, run: GradeInput, recorder_url: str) -> dict[str, float]:
+    """The task's scores for a finished rollout, once the recorder has its calls on disk."""
+    durable_calls(recorder_url, run.dataset, run.session)
     try:
-        transcript = rollout_transcript(dataset, session)
-        return grade_workspace(task, transcript, workspace)
+        return task.score(run)
     except GradingError as e:
         raise InfraError(str(e)) from None
 
@@ -118,17 +116,17 @@ class Outcome:
     def graded(cls, rollout: Rollout, session: str, harness: str, runner: str, t_start: datetime,
                scores: dict[str, float], timed_out: bool, returncode: int | None, **kw) -> Outcome:
         """The status for a graded run: timeout, failed (non-zero exit or reward < 1) or success."""
-        reward = combine(rollout.task, scores).reward
+        reward = rollout.task.reward(scores).reward
         if timed_out:
             status, error = "timeout", f"the agent ran past {rollout.task.timeout_s:.0f} s"
         elif returncode:
             status, error = "failed", f"harness exited with status {returncode}"
         else:
-            status, error = ("success" if reward == 1.0 else "failed"), None
+            status, error = ("success" if rollout.task.passes(reward) else "failed"), None
         return cls(rollout, session, harness, runner, status, t_start, now(), scores=scores, error=error, **kw)
 
     def row(self) -> dict:
-        graded = combine(self.rollout.task, self.scores) if self.scores is not None else None
+        graded = self.rollout.task.reward(self.scores) if self.scores is not None else None
         return {
             "session_id": self.session,
             "task_id": self.rollout.task.id,
@@ -138,7 +136,7 @@ class Outcome:
             "policy_version": self.rollout.policy_version or None,
             "status": self.status,
             "reward": graded.reward if graded else None,
-            "passed": graded.reward == 1.0 if graded else None,
+            "passed": self.rollout.task.passes(graded.reward) if graded else None,
             "scores": json.dumps(self.scores) if self.scores is not None else None,
             "graded": json.dumps(graded.graded) if graded else None,
             "error": self.error,

@@ -25,7 +25,12 @@ Two formats load into the same `Task`:
       '''
 
 `load_tasks(path)` takes a task file, a folder of task files, or a benchmark
-folder laid out like QwenClawBench (`tasks/` + `assets/`).
+folder laid out like QwenClawBench (`tasks/` + `assets/`); other benchmark
+layouts are task kinds (`runners/kinds/`), asked first.
+
+`Task` is the one task type: a kind subclasses it for its own data and
+overrides `score` (how a finished rollout is graded), `reward` and
+`pass_threshold` (the score at which a trial passes: 1.0 for QwenClawBench).
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import yaml
 
 from forgerl.errors import UserError
+
+from .grading import GradeInput, Reward, combine, grade_workspace
 
 DEFAULT_TIMEOUT_S = 1800
 DEFAULT_CPU_S = 3600
@@ -66,6 +74,20 @@ class Task:
     grading_type: str = "automated"
     cpu_s: int = DEFAULT_CPU_S
     memory_mb: int = DEFAULT_MEMORY_MB
+
+    benchmark: ClassVar[str] = "QwenClawBench"  # named in pass@k tables beside its pass rule
+    pass_threshold: ClassVar[float] = 1.0  # a trial passes at reward >= this (QwenClawBench: only 1.0)
+
+    def score(self, run: GradeInput) -> dict[str, float]:
+        """Per-check scores of one finished rollout: by default `grade(transcript, workspace)` in a child."""
+        return grade_workspace(self, run.transcript, run.workspace)
+
+    def reward(self, scores: dict[str, float]) -> Reward:
+        """The reward of `score`'s result: by default the weighted mean of the graded parts."""
+        return combine(self, scores)
+
+    def passes(self, reward: float) -> bool:
+        return reward >= self.pass_threshold
 
 
 _SECTION = re.compile(r"^## +(.+?)\s*$", re.MULTILINE)
@@ -144,9 +166,8 @@ def load_task(path: Path) -> Task:
     raise TaskError(f"{path}: not a task file (expected task_*.md or *.toml)")
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks from a task file, a folder of task files, or a benchmark folder (`tasks/` + `assets/`)."""
-    path = Path(path)
+def _load_builtin(path: Path) -> list[Task]:
+    """QwenClawBench `task_*.md` and forgerl `*.toml`: a file, a folder of them, or `tasks/` + `assets/`."""
     if path.is_file():
         return [load_task(path)]
     if not path.is_dir():
@@ -155,7 +176,16 @@ def load_tasks(path: str | Path) -> list[Task]:
     files = sorted(p for p in folder.iterdir() if p.suffix == ".toml" or (p.suffix == ".md" and p.name.startswith("task_")))
     if not files:
         raise TaskError(f"{path}: no task files (task_*.md or *.toml)")
-    tasks = [load_task(p) for p in files]
+    return [load_task(p) for p in files]
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Tasks from a task file, a folder of task files, a benchmark folder, or a task kind's layout (`kinds/`)."""
+    from .kinds import kind_of  # here: the kind modules import Task from this module
+
+    path = Path(path)
+    kind = kind_of(path)
+    tasks = kind.load(path) if kind is not None else _load_builtin(path)
     seen: set[str] = set()
     for task in tasks:
         if task.id in seen:

@@ -84,9 +84,10 @@ def last_call(root: str | Path, session: str) -> tuple[dict | None, dict[str, st
     return call, dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
 
 
-def rollout_transcript(root: str | Path, session: str) -> list[dict]:
-    """The transcript `grade()` gets: the last call's input and output as OpenClaw events ([] if no call)."""
+def rollout_messages(root: str | Path, session: str) -> list[Message]:
+    """The conversation as the model last saw it: the last call's input and output ([] if no call)."""
     call, parts = last_call(root, session)
     if call is None:
         return []
-    return openclaw_events(call_messages(call, parts, "input") + call_messages(call, parts, "output"))
+    return call_messages(call, parts, "input") + call_messages(call, parts, "output")
+
