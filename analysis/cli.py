@@ -3,6 +3,7 @@
     forge-analyze report DATASET [--by harness|model|task] [--out report.html]
     forge-analyze sql DATASET "SELECT ..." [--format table|csv|json]
     forge-analyze views
+    forge-analyze view DATASET [--listen 127.0.0.1:8765] [--tokenizer PATH_OR_NAME]
 
 Bad input (not a dataset, an unknown --by, a SQL error) is one line on
 stderr and exit status 2; nothing is written.
@@ -21,10 +22,13 @@ from pathlib import Path
 import duckdb
 
 from forgerl.cli import run_verb
+from forgerl.converters.tokenizer import load_tokenizer
+from forgerl.converters.tokens import Renderer
 from forgerl.errors import UserError
 
 from . import connect
 from .report import build, table, to_html
+from .viewer.server import DEFAULT_LISTEN, parse_listen, serve
 from .views import GROUPS, VIEWS
 
 
@@ -36,11 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--by", default="harness", help=f"group sessions by: {', '.join(GROUPS)} (default harness)")
     report.add_argument("--out", help="write a self-contained HTML report with plots here")
     report.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
+    report.add_argument("--viewer", metavar="URL", help="link group names to `forge-analyze view` at this URL")
     sql = sub.add_parser("sql", help="run a query with every table and view registered")
     sql.add_argument("dataset")
     sql.add_argument("query")
     sql.add_argument("--format", default="table", help="table (default), csv or json")
     sub.add_parser("views", help="list the views and what each holds")
+    view = sub.add_parser("view", help="browse sessions, calls and token-level samples in a local web app")
+    view.add_argument("dataset")
+    view.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
+                      help=f"where to serve (default {DEFAULT_LISTEN}, loopback only; port 0 picks a free one)")
+    view.add_argument("--tokenizer", help="tokenizer path or name with a chat template: decodes the token view "
+                                          "and re-renders samples to show drift from the engine's ids")
+    view.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
     return parser
 
 
@@ -53,7 +65,8 @@ def _report(args: argparse.Namespace) -> int:
     if out and not out.parent.is_dir():
         raise UserError(f"--out {out}: no such directory {out.parent}")
     report = build(connect(args.dataset, threads=args.threads, materialize=True), args.by)
-    page = to_html(report, f"forgerl behaviour report: {Path(args.dataset).resolve().name}") if out else None
+    title = f"forgerl behaviour report: {Path(args.dataset).resolve().name}"
+    page = to_html(report, title, viewer=args.viewer) if out else None
     print(table(report))
     if out:
         tmp = out.with_name(f".{out.name}.tmp")
@@ -100,7 +113,16 @@ def _views(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"report": _report, "sql": _sql, "views": _views}
+def _view(args: argparse.Namespace) -> int:
+    parse_listen(args.listen)  # bad --listen fails before the dataset or tokenizer is loaded
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    renderer = Renderer(load_tokenizer(args.tokenizer)) if args.tokenizer else None  # bad name: UserError
+    serve(Path(args.dataset), args.listen, renderer, args.threads)
+    return 0
+
+
+COMMANDS = {"report": _report, "sql": _sql, "views": _views, "view": _view}
 
 
 def main(argv: list[str] | None = None) -> int:

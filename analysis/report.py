@@ -11,6 +11,7 @@ import html
 import io
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from urllib.parse import urlencode
 
 import duckdb
 
@@ -184,11 +185,21 @@ th{background:#f3f3f3}figure{margin:1.5em 0}figcaption{font-size:13px;color:#555
 .tools td:nth-child(2),.tools td:nth-child(3),.tools th:nth-child(2),.tools th:nth-child(3){text-align:left}"""
 
 
-def to_html(report: Report, title: str) -> str:
-    """A self-contained page: metrics table, bars, pass@k curves, tool distribution, per-tool counts."""
+def _group_cell(report: Report, value: object, viewer: str | None) -> str:
+    """A group's name, linked to the viewer's sessions list filtered to it when a viewer URL is given."""
+    text = html.escape(str(value))
+    if viewer is None:
+        return f"<td>{text}</td>"
+    return f'<td><a href="{html.escape(viewer)}#/?{urlencode({report.by: str(value)})}">{text}</a></td>'
+
+
+def to_html(report: Report, title: str, viewer: str | None = None) -> str:
+    """A self-contained page: metrics table, bars, pass@k curves, tool distribution, per-tool counts.
+
+    `viewer` is the URL of a running `forge-analyze view` of the same dataset: group names link to its list."""
     esc = html.escape
     head = "".join(f"<th>{esc(h)}</th>" for h in [report.by, *(h for _, h, _ in COLUMNS)])
-    rows = "".join("<tr>" + f"<td>{esc(str(g[report.by]))}</td>" +
+    rows = "".join("<tr>" + _group_cell(report, g[report.by], viewer) +
                    "".join(f"<td>{esc(_fmt(g[c], k))}</td>" for c, _, k in COLUMNS) + "</tr>" for g in report.groups)
     tool_rows = "".join(f"<tr><td>{esc(str(t['grp']))}</td><td>{esc(str(t['tool_name']))}</td>"
                         f"<td>{esc(t['kind'])}</td><td>{t['calls']}</td></tr>" for t in report.tools)

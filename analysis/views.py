@@ -189,7 +189,11 @@ FROM u LEFT JOIN (SELECT DISTINCT session_id, prompt FROM prompts WHERE prompt I
   ON p.session_id = u.session_id AND p.prompt = u.text
 """
 
-SESSION_COSTS = """
+# USD at list price of token counts `t` under the matched `prices` row `p`: calls and sessions priced one way.
+_COST_USD = ("(t.input_tokens * p.input + t.output_tokens * p.output + t.cache_read_tokens * p.cache_read"
+             " + t.cache_write_tokens * p.cache_write) / 1e6")
+
+SESSION_COSTS = f"""
 WITH per_model AS (
   SELECT session_id, coalesce(model_returned, model_requested, '') AS model, count(*) AS calls,
          coalesce(sum(input_tokens), 0) AS input_tokens, coalesce(sum(output_tokens), 0) AS output_tokens,
@@ -198,16 +202,25 @@ WITH per_model AS (
          coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens
   FROM calls GROUP BY ALL),
 priced AS (
-  SELECT pm.*, p.prefix,
-         (pm.input_tokens * p.input + pm.output_tokens * p.output + pm.cache_read_tokens * p.cache_read
-          + pm.cache_write_tokens * p.cache_write) / 1e6 AS cost_usd,
-         row_number() OVER (PARTITION BY pm.session_id, pm.model ORDER BY length(p.prefix) DESC NULLS LAST) AS rn
-  FROM per_model pm LEFT JOIN prices p ON starts_with(pm.model, p.prefix))
+  SELECT t.*, p.prefix, {_COST_USD} AS cost_usd,
+         row_number() OVER (PARTITION BY t.session_id, t.model ORDER BY length(p.prefix) DESC NULLS LAST) AS rn
+  FROM per_model t LEFT JOIN prices p ON starts_with(t.model, p.prefix))
 SELECT session_id, sum(calls) AS calls, sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
        sum(cache_read_tokens) AS cache_read_tokens, sum(cache_write_tokens) AS cache_write_tokens,
        sum(reasoning_tokens) AS reasoning_tokens,
        coalesce(sum(cost_usd), 0) AS cost_usd, coalesce(sum(calls) FILTER (WHERE prefix IS NULL), 0) AS unpriced_calls
 FROM priced WHERE rn = 1 GROUP BY session_id
+"""
+
+# Partitioned by session first, so a filter on one session reaches the calls scan (the viewer's call list).
+CALL_COSTS = f"""
+SELECT t.session_id, t.call_id, {_COST_USD} AS cost_usd, p.prefix IS NULL AS unpriced
+FROM (SELECT session_id, call_id, coalesce(model_returned, model_requested, '') AS model,
+             coalesce(input_tokens, 0) AS input_tokens, coalesce(output_tokens, 0) AS output_tokens,
+             coalesce(cache_read_tokens, 0) AS cache_read_tokens, coalesce(cache_write_tokens, 0) AS cache_write_tokens
+      FROM calls) t
+LEFT JOIN prices p ON starts_with(t.model, p.prefix)
+QUALIFY row_number() OVER (PARTITION BY t.session_id, t.call_id ORDER BY length(p.prefix) DESC NULLS LAST) = 1
 """
 
 TOOL_COVERAGE = """
@@ -387,6 +400,7 @@ VIEWS: tuple[View, ...] = (
     View("user_turns", "user-role text parts, each marked human or harness-written (with the reason)", USER_TURNS),
     View("session_costs", "tokens per session (cache reads and writes separate) and list-price cost in USD",
          SESSION_COSTS),
+    View("call_costs", "list-price cost in USD of each call (unpriced: no price for its model)", CALL_COSTS),
     View("tool_coverage", "tools offered, used and used/offered per session", TOOL_COVERAGE),
     View("plans", "plan items and the share completed per session (TodoWrite, Task*, update_plan)", PLANS),
     View("session_info", "harness, model and task of each session", SESSION_INFO),

@@ -1,0 +1,233 @@
+"""What the viewer reads, as DuckDB queries that page: the sessions index, one session, one call, raw bytes, blobs.
+
+The sessions list is one small table per session (`INDEX_SQL`, built on first
+use from the `session_info`, `session_costs` and `outcomes` views), paged by
+keyset on the chosen sort key, so opening a page of a 1M-call dataset reads
+~50 rows of it. Everything else is filtered by session id, which DuckDB
+pushes into the Parquet scans (row groups hold runs of sessions). One
+connection serves every request under a lock: the views' lookup tables are
+registered on that connection only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from datetime import datetime
+from typing import Any
+
+import duckdb
+
+from forgerl.schema.records import call_messages, decompress
+from forgerl.schema.segments import succeeded
+
+from .. import connect
+
+SORTS = {"time": "time_key", "cost": "cost_key", "reward": "reward_key"}
+FILTERS = ("harness", "model", "task", "outcome", "policy_version")
+PAGE = 50
+_FACET_LIMIT = 500
+
+# The latest outcome row of each session (a retried attempt supersedes the first).
+INDEX_SQL = """
+CREATE TABLE _viewer_sessions AS
+WITH c AS (
+  SELECT session_id, min(t_start) AS started, max(coalesce(t_end, t_start)) AS ended, count(*) AS calls,
+         count(*) FILTER (WHERE error IS NOT NULL OR coalesce(status, 0) >= 400 OR NOT coalesce(complete, false))
+           AS failed_calls,
+         max(policy_version) AS call_policy_version
+  FROM calls GROUP BY 1),
+o AS (
+  SELECT session_id, status AS outcome, reward, policy_version FROM outcomes
+  QUALIFY row_number() OVER (PARTITION BY session_id ORDER BY attempt DESC NULLS LAST, t_end DESC NULLS LAST) = 1),
+s AS (SELECT session_id, labels FROM sessions)
+SELECT i.session_id, i.harness, i.model, i.task, o.outcome, o.reward,
+       coalesce(o.policy_version, c.call_policy_version) AS policy_version, s.labels,
+       c.started, c.ended, coalesce(c.calls, 0) AS calls, coalesce(c.failed_calls, 0) AS failed_calls,
+       k.input_tokens, k.output_tokens, k.cache_read_tokens, k.cache_write_tokens, coalesce(k.cost_usd, 0) AS cost_usd,
+       coalesce(epoch(c.started), 0) AS time_key, coalesce(k.cost_usd, 0) AS cost_key,
+       coalesce(o.reward, -1) AS reward_key
+FROM session_info i LEFT JOIN c USING (session_id) LEFT JOIN o USING (session_id)
+LEFT JOIN s USING (session_id) LEFT JOIN session_costs k USING (session_id)
+"""
+
+LIST_COLUMNS = ("session_id", "harness", "model", "task", "outcome", "reward", "policy_version", "labels", "started",
+                "calls", "failed_calls", "cost_usd")
+
+CALL_COLUMNS = ("call_id", "seq", "api", "status", "error", "complete", "streamed", "t_start", "t_first_byte", "t_end",
+                "model_requested", "model_returned", "stop_reason", "input_tokens", "output_tokens",
+                "cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "policy_version", "segment_index",
+                "segment_reason", "parent_segment", "parent_position", "continues_call", "tools_absent")
+_CALLS_SQL = f"""
+SELECT {', '.join('c.' + n for n in CALL_COLUMNS)}, len(c.input_roles) AS input_messages,
+       len(c.output_roles) AS output_messages, k.cost_usd, k.unpriced
+FROM calls c LEFT JOIN call_costs k ON k.session_id = c.session_id AND k.call_id = c.call_id
+WHERE c.session_id = $sid ORDER BY c.t_start, c.seq, c.call_id
+"""
+_CALL_DETAIL = ("session_id", "input_refs", "input_msg", "input_roles", "input_extra", "output_refs", "output_msg",
+                "output_roles", "output_extra", "request_params", "tools", "request_headers", "response_headers",
+                "method", "path", "upstream")
+
+
+class NotFound(LookupError):
+    """No such session, call or blob: the server answers 404."""
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def _records(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [d[0] for d in cur.description]
+    return [{n: _jsonable(v) for n, v in zip(names, row)} for row in cur.fetchall()]
+
+
+def encode_cursor(key: Any, session_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([key, session_id]).encode()).decode()
+
+
+def decode_cursor(text: str) -> tuple[Any, str]:
+    try:
+        key, session_id = json.loads(base64.urlsafe_b64decode(text.encode()))
+    except (ValueError, TypeError):
+        raise ValueError(f"bad page cursor {text!r}") from None
+    return key, str(session_id)
+
+
+class Dataset:
+    """A dataset opened for the viewer: every query it answers, one at a time."""
+
+    def __init__(self, root: str | os.PathLike, *, threads: int | None = None):
+        self.root = root
+        self.con = connect(root, threads=threads)
+        self.lock = threading.Lock()
+        self._indexed = False
+
+    def _query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            if not self._indexed and "_viewer_sessions" in sql:
+                self.con.execute(INDEX_SQL)
+                self._indexed = True
+            return _records(self.con.execute(sql, params or {}))
+
+    def facets(self) -> dict[str, list[Any]]:
+        """The values each list filter can take (the most frequent first), and the label key=value pairs."""
+        out: dict[str, list[Any]] = {}
+        for name in FILTERS:
+            rows = self._query(f"SELECT {name} AS v, count(*) AS n FROM _viewer_sessions WHERE {name} IS NOT NULL "
+                               f"GROUP BY 1 ORDER BY n DESC, v LIMIT {_FACET_LIMIT}")
+            out[name] = [r["v"] for r in rows]
+        rows = self._query(
+            "SELECT k || '=' || json_extract_string(labels, '$.\"' || k || '\"') AS v, count(*) AS n FROM "
+            "(SELECT labels, unnest(json_keys(labels)) AS k FROM _viewer_sessions WHERE labels IS NOT NULL "
+            "AND json_type(labels) = 'OBJECT') GROUP BY 1 ORDER BY n DESC, v LIMIT " + str(_FACET_LIMIT))
+        out["label"] = [r["v"] for r in rows if r["v"] is not None]
+        return out
+
+    def sessions(self, filters: dict[str, str], sort: str = "time", descending: bool = True,
+                 after: str | None = None, limit: int = PAGE) -> dict[str, Any]:
+        """One page of the sessions list, filtered and sorted; `next` is the cursor of the page after it."""
+        if sort not in SORTS:
+            raise ValueError(f"unknown sort {sort!r}; choose one of: {', '.join(SORTS)}")
+        key = SORTS[sort]
+        where, params = ["TRUE"], {}
+        for name in FILTERS:
+            if filters.get(name):
+                where.append(f"{name} = ${name}")
+                params[name] = filters[name]
+        if filters.get("label"):
+            label_key, _, label_value = filters["label"].partition("=")
+            where.append("json_extract_string(labels, '$.\"' || $label_key || '\"') = $label_value")
+            params.update(label_key=label_key, label_value=label_value)
+        if filters.get("q"):
+            where.append("(strpos(lower(session_id), $q) > 0 OR strpos(lower(task), $q) > 0 OR session_id IN "
+                         "(SELECT DISTINCT session_id FROM messages WHERE strpos(lower(text), $q) > 0 "
+                         "OR strpos(lower(arguments), $q) > 0))")
+            params["q"] = filters["q"].lower()
+        cmp = "<" if descending else ">"
+        if after:
+            params["after_key"], params["after_id"] = decode_cursor(after)
+            where.append(f"({key} {cmp} $after_key OR ({key} = $after_key AND session_id {cmp} $after_id))")
+        order = "DESC" if descending else "ASC"
+        rows = self._query(f"SELECT {', '.join(LIST_COLUMNS)}, {key} AS _key FROM _viewer_sessions "
+                           f"WHERE {' AND '.join(where)} ORDER BY {key} {order}, session_id {order} "
+                           f"LIMIT {int(limit) + 1}", params)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        cursor = encode_cursor(rows[-1]["_key"], rows[-1]["session_id"]) if more else None
+        for r in rows:
+            del r["_key"]
+        return {"sessions": rows, "next": cursor}
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        """The session's row of the index, its calls in order (narrow columns, cost) and its segments."""
+        info = self._query("SELECT * EXCLUDE (time_key, cost_key, reward_key) FROM _viewer_sessions "
+                           "WHERE session_id = $sid", {"sid": session_id})
+        if not info:
+            raise NotFound(f"no session {session_id!r}")
+        calls = self._query(_CALLS_SQL, {"sid": session_id})
+        segments: dict[int, dict[str, Any]] = {}
+        for n, call in enumerate(calls, 1):
+            call["turn"] = n
+            call["ok"] = succeeded(call)
+            index = call["segment_index"]
+            if index is not None and index not in segments:
+                segments[index] = {"index": index, "reason": call["segment_reason"], "parent": call["parent_segment"],
+                                   "parent_position": call["parent_position"], "calls": []}
+            if index is not None:
+                segments[index]["calls"].append(call["call_id"])
+        outcome = self._query("SELECT * EXCLUDE (writer_id) FROM outcomes WHERE session_id = $sid "
+                              "ORDER BY attempt DESC NULLS LAST, t_end DESC NULLS LAST LIMIT 1", {"sid": session_id})
+        return {"session": info[0], "outcome": outcome[0] if outcome else None, "calls": calls,
+                "segments": [segments[i] for i in sorted(segments)]}
+
+    def _call_row(self, call_id: str, columns: tuple[str, ...]) -> dict[str, Any]:
+        with self.lock:
+            cur = self.con.execute(f"SELECT {', '.join(columns)} FROM calls WHERE call_id = $cid LIMIT 1",
+                                   {"cid": call_id})
+            row = cur.fetchone()
+            names = [d[0] for d in cur.description]
+        if row is None:
+            raise NotFound(f"no call {call_id!r}")
+        return dict(zip(names, row))
+
+    def call(self, call_id: str) -> dict[str, Any]:
+        """One call's messages (input and output, rebuilt from the session's parts), tools, params, headers, and
+        which of its tool results failed (the analysis definition, `tool_results.failed`)."""
+        row = self._call_row(call_id, _CALL_DETAIL)
+        sid = row["session_id"]
+        refs = sorted({*row["input_refs"], *row["output_refs"]})
+        parts = {r["part_hash"]: r["part"] for r in self._query(
+            "SELECT part_hash, any_value(part) AS part FROM messages WHERE session_id = $sid "
+            "AND list_contains($refs, part_hash) GROUP BY 1", {"sid": sid, "refs": refs})}
+        failed = {r["tool_call_id"]: r for r in self._query(
+            "SELECT tool_call_id, failed, exit_code FROM tool_results WHERE session_id = $sid", {"sid": sid})}
+        messages = {d: [m.to_dict() for m in call_messages(row, parts, d)] for d in ("input", "output")}
+        return {"call_id": call_id, "session_id": sid, **messages,
+                "tools": json.loads(row["tools"]) if row["tools"] else [],
+                "request_params": json.loads(row["request_params"]) if row["request_params"] else None,
+                "request_headers": json.loads(row["request_headers"]) if row["request_headers"] else None,
+                "response_headers": json.loads(row["response_headers"]) if row["response_headers"] else None,
+                "method": row["method"], "path": row["path"], "upstream": row["upstream"],
+                "tool_results": {k: {"failed": v["failed"], "exit_code": v["exit_code"]} for k, v in failed.items()}}
+
+    def raw(self, call_id: str) -> dict[str, str | None]:
+        """The request and response bytes as stored (redacted when recorded), decompressed, as text."""
+        row = self._call_row(call_id, ("request_raw", "response_raw"))
+        return {name: None if row[name] is None else decompress(row[name]).decode("utf-8", "replace")
+                for name in ("request_raw", "response_raw")}
+
+    def blob(self, session_id: str, blob_hash: str) -> tuple[bytes, str]:
+        """An image's bytes and media type."""
+        with self.lock:
+            row = self.con.execute("SELECT data, media_type FROM blobs WHERE session_id = $sid AND blob_hash = $h "
+                                   "LIMIT 1", {"sid": session_id, "h": blob_hash}).fetchone()
+        if row is None:
+            raise NotFound(f"no blob {blob_hash!r} in session {session_id!r}")
+        return row[0], row[1] or "application/octet-stream"

@@ -1,0 +1,160 @@
+"""`forge-analyze view`: a read-only HTTP server for one dataset, on loopback unless told otherwise.
+
+The page (`static/`) is plain HTML, CSS and JavaScript shipped with the
+package; it asks the JSON endpoints below for what it shows. Nothing here
+writes to the dataset. Unknown ids answer 404, malformed parameters 400;
+anything else is a bug and is logged with its traceback (500).
+
+    GET /                       the app          GET /api/session?id=S      one session: calls, segments
+    GET /api/facets             filter values    GET /api/call?id=C         one call's messages, tools, headers
+    GET /api/sessions?...       a page of the    GET /api/raw?id=C          its raw request and response
+                                sessions list    GET /api/blob?session=S&hash=H   an image
+    GET /api/tokens?session=S&segment=N          the segment as a training sample, token by token
+    GET /report?by=harness                       the HTML report, its group cells linking to the list
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from forgerl.converters.tokens import Renderer
+from forgerl.errors import UserError
+
+from .. import connect
+from ..report import build, to_html
+from ..views import GROUPS
+from .queries import FILTERS, PAGE, Dataset, NotFound
+from .tokens import token_view
+
+DEFAULT_LISTEN = "127.0.0.1:8765"
+_STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
+           "app.css": "text/css; charset=utf-8"}
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (an IPv6 host in brackets) -> (host, port); `UserError` if it is not one."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UserError(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host, int(port)
+
+
+class Viewer:
+    """What the handler answers with: the dataset's queries, the token view and the report."""
+
+    def __init__(self, root: Path, renderer: Renderer | None, threads: int | None = None):
+        self.root, self.renderer, self.threads = root, renderer, threads
+        self.data = Dataset(root, threads=threads)
+
+    def _one(self, q: dict[str, str], name: str) -> str:
+        if not q.get(name):
+            raise ValueError(f"missing parameter {name!r}")
+        return q[name]
+
+    def api(self, path: str, q: dict[str, str]) -> Any:
+        if path == "/api/facets":
+            return self.data.facets()
+        if path == "/api/sessions":
+            limit = int(q.get("limit", PAGE))
+            if not 1 <= limit <= 1000:
+                raise ValueError(f"limit must be 1..1000, got {limit}")
+            return self.data.sessions({k: q[k] for k in (*FILTERS, "label", "q") if q.get(k)},
+                                      q.get("sort", "time"), q.get("dir", "desc") != "asc", q.get("after"), limit)
+        if path == "/api/session":
+            return self.data.session(self._one(q, "id"))
+        if path == "/api/call":
+            return self.data.call(self._one(q, "id"))
+        if path == "/api/raw":
+            return self.data.raw(self._one(q, "id"))
+        if path == "/api/tokens":
+            with self.data.lock:
+                return token_view(self.data.con, self._one(q, "session"), int(self._one(q, "segment")), self.renderer)
+        raise NotFound(f"no endpoint {path}")
+
+    def report(self, by: str) -> str:
+        if by not in GROUPS:
+            raise ValueError(f"unknown by {by!r}; choose one of: {', '.join(GROUPS)}")
+        report = build(connect(self.root, threads=self.threads, materialize=True), by)
+        return to_html(report, f"forgerl behaviour report: {self.root.resolve().name}", viewer="/")
+
+
+def _handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
+    static = resources.files(__package__) / "static"
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "forge-analyze-view"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+            pass  # a request log would drown the one line that says where the viewer is
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, status: int, value: Any) -> None:
+            self._send(status, json.dumps(value, default=str).encode(), "application/json")
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            url = urlsplit(self.path)
+            q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            try:
+                self._route(url.path, q)
+            except NotFound as e:
+                self._json(HTTPStatus.NOT_FOUND, {"error": str(e)})
+            except ValueError as e:
+                self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            except Exception as e:  # a bug: keep the traceback where the user started the viewer
+                traceback.print_exc()
+                self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"bug in forgerl: {e!r}"})
+
+        def _route(self, path: str, q: dict[str, str]) -> None:
+            if path == "/":
+                path = "/static/index.html"
+            if path.startswith("/static/") and path[len("/static/"):] in _STATIC:
+                name = path[len("/static/"):]
+                self._send(HTTPStatus.OK, (static / name).read_bytes(), _STATIC[name])
+            elif path == "/api/blob":
+                data, media = viewer.data.blob(q.get("session", ""), q.get("hash", ""))
+                self._send(HTTPStatus.OK, data, media)
+            elif path == "/report":
+                self._send(HTTPStatus.OK, viewer.report(q.get("by", "harness")).encode(), _STATIC["index.html"])
+            elif path.startswith("/api/"):
+                self._json(HTTPStatus.OK, viewer.api(path, q))
+            else:
+                raise NotFound(f"no page {path}")
+
+    return Handler
+
+
+def serve(root: Path, listen: str = DEFAULT_LISTEN, renderer: Renderer | None = None,
+          threads: int | None = None) -> None:
+    """Serve the viewer until interrupted; one line on stderr says where, once it listens."""
+    host, port = parse_listen(listen)
+    viewer = Viewer(root, renderer, threads)
+    try:
+        httpd = ThreadingHTTPServer((host, port), _handler(viewer))
+    except OSError as e:
+        raise UserError(f"--listen {listen}: cannot listen there: {e.strerror or e}") from None
+    httpd.daemon_threads = True
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{httpd.server_address[1]}/"
+    print(f"forge-analyze view: {root} at {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    finally:
+        httpd.server_close()

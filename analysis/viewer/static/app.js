@@ -1,0 +1,272 @@
+// forgerl viewer: routes on the URL hash, asks the server's JSON endpoints, builds the DOM with textContent
+// (recorded text is never parsed as HTML).
+"use strict";
+
+const FILTERS = ["harness", "model", "task", "outcome", "policy_version", "label"];
+const app = document.getElementById("app");
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "onclick" || k === "onchange") node[k] = v;
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+async function api(path, params) {
+  const query = new URLSearchParams(Object.entries(params || {}).filter(([, v]) => v !== "" && v != null));
+  const r = await fetch(`/api/${path}?${query}`);
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
+}
+
+const fmt = {
+  int: (v) => (v == null ? "-" : Number(v).toLocaleString("en-US")),
+  usd: (v) => (v == null ? "-" : Number(v).toFixed(4)),
+  num: (v) => (v == null ? "-" : Number(v).toFixed(2)),
+  time: (v) => (v ? v.replace("T", " ").slice(0, 19) : "-"),
+  ms: (a, b) => (a && b ? `${Math.round(new Date(b) - new Date(a))} ms` : "-"),
+};
+
+function badge(text) {
+  return text ? el("span", { class: `badge ${text}` }, text) : "-";
+}
+
+function sessionHref(sid, rest) {
+  return `#/session/${encodeURIComponent(sid)}${rest || ""}`;
+}
+
+// --- sessions list ---------------------------------------------------------------------------------
+
+async function showList(params) {
+  const facets = await api("facets");
+  const state = Object.fromEntries(FILTERS.map((f) => [f, params.get(f) || ""]));
+  state.q = params.get("q") || "";
+  state.sort = params.get("sort") || "time";
+  state.dir = params.get("dir") || "desc";
+  const go = () => {
+    const q = new URLSearchParams(Object.entries(state).filter(([, v]) => v));
+    location.hash = `#/?${q}`;
+  };
+  const select = (name, values) =>
+    el("label", {}, name.replace("_", " "),
+      el("select", { id: `f-${name}`, onchange: (e) => { state[name] = e.target.value; go(); } },
+        el("option", { value: "" }, "all"),
+        values.map((v) => el("option", { value: v, selected: String(v) === state[name] }, v))));
+  const search = el("input", { id: "f-q", type: "search", value: state.q, placeholder: "text in messages, id, task" });
+  search.onchange = () => { state.q = search.value; go(); };
+  const filters = el("div", { class: "filters" },
+    FILTERS.map((f) => select(f, facets[f] || [])),
+    el("label", {}, "search", search),
+    el("label", {}, "sort", el("select", { id: "f-sort", onchange: (e) => { state.sort = e.target.value; go(); } },
+      ["time", "cost", "reward"].map((s) => el("option", { value: s, selected: s === state.sort }, s)))),
+    el("label", {}, "order", el("select", { id: "f-dir", onchange: (e) => { state.dir = e.target.value; go(); } },
+      ["desc", "asc"].map((s) => el("option", { value: s, selected: s === state.dir }, s)))));
+  const body = el("tbody");
+  const more = el("button", { id: "more" }, "more");
+  const table = el("table", { id: "sessions" },
+    el("thead", {}, el("tr", {}, ["session", "started", "harness", "model", "task", "outcome", "reward", "policy",
+      "calls", "failed", "cost $"].map((h) => el("th", {}, h)))), body);
+  app.replaceChildren(el("h1", {}, "Sessions"), filters, table, el("p", {}, more));
+  let cursor = null;
+  const load = async () => {
+    const page = await api("sessions", { ...state, after: cursor });
+    for (const s of page.sessions) {
+      body.append(el("tr", { class: "clickable", "data-session": s.session_id,
+        onclick: () => { location.hash = sessionHref(s.session_id); } },
+        el("td", {}, el("a", { href: sessionHref(s.session_id) }, s.session_id)), el("td", {}, fmt.time(s.started)),
+        el("td", {}, s.harness), el("td", {}, s.model), el("td", {}, s.task), el("td", {}, badge(s.outcome)),
+        el("td", { class: "num" }, fmt.num(s.reward)), el("td", {}, s.policy_version || "-"),
+        el("td", { class: "num" }, fmt.int(s.calls)), el("td", { class: "num" }, fmt.int(s.failed_calls)),
+        el("td", { class: "num" }, fmt.usd(s.cost_usd))));
+    }
+    if (!page.sessions.length && !cursor) body.append(el("tr", {}, el("td", { colspan: 11 }, "no sessions match")));
+    cursor = page.next;
+    more.hidden = !cursor;
+  };
+  more.onclick = load;
+  await load();
+}
+
+// --- one session ---------------------------------------------------------------------------------
+
+async function showSession(sid, callId, tokensSegment) {
+  const data = await api("session", { id: sid });
+  const s = data.session;
+  const head = el("div", {},
+    el("h1", {}, `Session ${sid}`),
+    el("dl", { class: "kv" },
+      ["harness", "model", "task", "policy_version", "labels"].map((k) => [el("dt", {}, k), el("dd", {}, s[k] ?? "-")]),
+      el("dt", {}, "outcome"), el("dd", {}, badge(s.outcome), " reward ", fmt.num(s.reward)),
+      el("dt", {}, "calls"), el("dd", {}, `${fmt.int(s.calls)} (${fmt.int(s.failed_calls)} failed)`),
+      el("dt", {}, "tokens"), el("dd", {}, `in ${fmt.int(s.input_tokens)}, out ${fmt.int(s.output_tokens)}, ` +
+        `cache read ${fmt.int(s.cache_read_tokens)}, cache write ${fmt.int(s.cache_write_tokens)}`),
+      el("dt", {}, "cost $"), el("dd", {}, fmt.usd(s.cost_usd))));
+  const byId = Object.fromEntries(data.calls.map((c) => [c.call_id, c]));
+  const callRow = (c) => el("tr", {
+    class: `clickable call${c.ok ? "" : " failed"}${c.call_id === callId ? " selected" : ""}`, "data-call": c.call_id,
+    onclick: () => { location.hash = sessionHref(sid, `/call/${encodeURIComponent(c.call_id)}`); } },
+    el("td", { class: "num" }, c.turn), el("td", {}, fmt.time(c.t_start)),
+    el("td", {}, c.model_returned || c.model_requested || "-"), el("td", { class: "num" }, fmt.ms(c.t_start, c.t_end)),
+    el("td", { class: "num" }, `${fmt.int(c.input_tokens)} / ${fmt.int(c.output_tokens)}`),
+    el("td", { class: "num" }, fmt.int(c.cache_read_tokens)), el("td", { class: "num" }, fmt.usd(c.cost_usd)),
+    el("td", {}, c.ok ? (c.stop_reason || "") : el("span", { class: "error-line" }, c.error || `HTTP ${c.status}`)));
+  const callTable = (calls) => el("table", { class: "calls" },
+    el("tr", {}, ["#", "start", "model", "time", "in / out", "cache rd", "cost $", "stop"].map((h) => el("th", {}, h))),
+    calls.map(callRow));
+  const segments = data.segments.map((g) => el("div", { class: "segment", "data-segment": g.index },
+    el("h2", {}, `Segment ${g.index}: ${g.reason}`,
+      g.parent != null ? el("span", { class: "muted" }, ` (from segment ${g.parent} after ${g.parent_position} calls)`) : "",
+      " ", el("a", { href: sessionHref(sid, `/tokens/${g.index}`), class: "token-link" }, "token view")),
+    callTable(g.calls.map((id) => byId[id]))));
+  const unplaced = data.calls.filter((c) => c.segment_index == null);
+  if (unplaced.length) segments.push(el("div", { class: "segment" }, el("h2", {}, "Calls without a model turn"),
+    callTable(unplaced)));
+  const detail = el("section", { id: "detail" },
+    el("p", { class: "muted" }, "Pick a call to read it, or a segment's token view."));
+  app.replaceChildren(el("p", {}, el("a", { href: "#/" }, "← sessions")), head,
+    el("div", { class: "session-layout" }, el("section", { id: "segments" }, segments), detail));
+  if (callId) await showCall(detail, byId[callId] || { call_id: callId }, byId);
+  else if (tokensSegment != null) await showTokens(detail, sid, tokensSegment);
+}
+
+function partNode(p, results, sid) {
+  if (p.type === "text") return el("div", { class: "part text" }, p.text || "");
+  if (p.type === "reasoning")
+    return el("div", { class: "part reasoning" }, p.redacted ? "(redacted reasoning)" : `thinking: ${p.text || ""}`);
+  if (p.type === "tool_call") {
+    let args = p.arguments || "";
+    try { args = JSON.stringify(JSON.parse(args), null, 2); } catch (e) { /* shown as sent */ }
+    return el("div", { class: "part tool_call" }, `→ ${p.tool_name} (${p.call_id})\n${args}`);
+  }
+  if (p.type === "tool_result") {
+    const r = results[p.call_id];
+    const failed = p.is_error || (r && r.failed);
+    const text = p.text ?? (p.content || []).map((c) => c.text || `[${c.type}]`).join("\n");
+    const images = (p.content || []).filter((c) => c.type === "image").map((c) => partNode(c, results, sid));
+    return el("div", { class: `part tool_result${failed ? " error" : ""}` },
+      `← ${p.call_id}${failed ? " FAILED" : ""}${r && r.exit_code != null ? ` (exit ${r.exit_code})` : ""}\n${text}`,
+      images);
+  }
+  if (p.type === "image") {
+    const src = p.blob_hash ? `/api/blob?session=${encodeURIComponent(sid)}&hash=${encodeURIComponent(p.blob_hash)}`
+      : p.url;
+    return el("div", { class: "part image" }, el("img", { src, alt: p.media_type || "image" }));
+  }
+  return el("div", { class: "part other" }, JSON.stringify(p));
+}
+
+function messageNode(m, results, sid, history) {
+  return el("div", { class: `message ${m.role}${history ? " history" : ""}` }, el("div", { class: "role" }, m.role),
+    m.parts.map((p) => partNode(p, results, sid)));
+}
+
+async function showCall(detail, row, byId) {
+  const c = await api("call", { id: row.call_id });
+  const prev = row.continues_call && byId[row.continues_call];
+  const newFrom = prev ? prev.input_messages + prev.output_messages : 0;
+  const showAll = el("button", { id: "show-history" }, `show the ${newFrom} earlier messages`);
+  const history = el("div", { hidden: true }, c.input.slice(0, newFrom).map((m) => messageNode(m, c.tool_results, c.session_id, true)));
+  showAll.onclick = () => { history.hidden = false; showAll.hidden = true; };
+  const raw = el("div", { id: "raw" });
+  const rawButton = el("button", { id: "show-raw", onclick: async () => {
+    const r = await api("raw", { id: row.call_id });
+    raw.replaceChildren(el("h2", {}, "Request (as stored, redacted)"), el("pre", {}, r.request_raw ?? "(none)"),
+      el("h2", {}, "Response (as received)"), el("pre", {}, r.response_raw ?? "(none)"));
+    rawButton.hidden = true;
+  } }, "raw request and response");
+  detail.replaceChildren(
+    el("h2", {}, `Call ${row.turn ?? ""} `, el("span", { class: "muted" }, row.call_id)),
+    el("dl", { class: "kv", id: "call-facts" },
+      el("dt", {}, "status"), el("dd", {}, row.ok === false ? el("span", { class: "error-line" },
+        `${row.error || ""} HTTP ${row.status ?? "-"}`) : `HTTP ${row.status ?? "-"} ${row.stop_reason || ""}`),
+      el("dt", {}, "endpoint"), el("dd", {}, `${c.method} ${c.path} (${row.api || "-"})`),
+      el("dt", {}, "timing"), el("dd", {}, `first byte ${fmt.ms(row.t_start, row.t_first_byte)}, ` +
+        `total ${fmt.ms(row.t_start, row.t_end)}${row.streamed ? ", streamed" : ""}`),
+      el("dt", {}, "tokens"), el("dd", {}, `in ${fmt.int(row.input_tokens)}, out ${fmt.int(row.output_tokens)}, ` +
+        `reasoning ${fmt.int(row.reasoning_tokens)}`),
+      el("dt", {}, "cache"), el("dd", {}, `read ${fmt.int(row.cache_read_tokens)}, write ${fmt.int(row.cache_write_tokens)}`),
+      el("dt", {}, "cost $"), el("dd", {}, row.unpriced ? "unpriced model" : fmt.usd(row.cost_usd)),
+      el("dt", {}, "segment"), el("dd", {}, row.segment_index == null ? "-" : `${row.segment_index} (${row.segment_reason})`),
+      el("dt", {}, "tools offered"), el("dd", {}, c.tools.map((t) => t.name || (t.function && t.function.name) || t.type).join(", ") || "-")),
+    newFrom ? showAll : null, history,
+    el("h2", {}, newFrom ? "New input" : "Input"),
+    c.input.slice(newFrom).map((m) => messageNode(m, c.tool_results, c.session_id, false)),
+    el("h2", {}, "Output"),
+    c.output.length ? c.output.map((m) => messageNode(m, c.tool_results, c.session_id, false))
+      : el("p", { class: "muted" }, "(no output)"),
+    el("p", {}, rawButton), raw);
+}
+
+// --- token view ----------------------------------------------------------------------------------
+
+function tokenStrip(side, driftRanges, id) {
+  const inDrift = new Uint8Array(side.ids.length);
+  for (const [a, b] of driftRanges) inDrift.fill(1, a, b);
+  const strip = el("div", { class: "tokens", id });
+  const frag = document.createDocumentFragment();
+  for (let i = 0; i < side.ids.length; i++) {
+    const cls = `tok${side.mask[i] ? " loss" : ""}${inDrift[i] ? " drift" : ""}`;
+    const span = document.createElement("span");
+    span.className = cls;
+    span.title = `#${i} id ${side.ids[i]}${side.mask[i] ? " (trained)" : ""}`;
+    span.textContent = side.text ? side.text[i] : `${side.ids[i]} `;
+    frag.append(span);
+  }
+  strip.append(frag);
+  return strip;
+}
+
+async function showTokens(detail, sid, segment) {
+  const v = await api("tokens", { session: sid, segment });
+  const drift = v.drift || [];
+  const parts = [el("h2", {}, `Segment ${segment} as a training sample (${v.calls} calls, ${v.reason})`),
+    el("p", { class: "legend" }, el("span", { class: "tok loss" }, "trained (loss mask 1)"),
+      el("span", { class: "tok" }, "context (mask 0)"), el("span", { class: "tok drift" }, "drift: engine ≠ re-rendered"))];
+  if (!v.tokenizer) parts.push(el("p", { class: "muted" }, "Start the viewer with --tokenizer to decode tokens and re-render the sample."));
+  if (v.drift) {
+    const kinds = {};
+    for (const d of drift) kinds[d.kind] = (kinds[d.kind] || 0) + 1;
+    parts.push(el("p", { id: "drift-summary" }, drift.length ? `${drift.length} differences: ` +
+      Object.entries(kinds).map(([k, n]) => `${k} ×${n}`).join(", ") : "engine ids and re-rendered ids agree"));
+  }
+  const columns = el("div", { class: "token-columns" });
+  if (v.engine) columns.append(el("div", {}, el("h2", {}, `Engine ids (${v.engine.ids.length})`),
+    tokenStrip(v.engine, drift.map((d) => d.engine), "engine-tokens")));
+  else columns.append(el("div", {}, el("h2", {}, "Engine ids"), el("p", { class: "muted" }, "not every call of this segment has engine ids")));
+  if (v.rendered) columns.append(el("div", {}, el("h2", {}, `Re-rendered by the chat template (${v.rendered.ids.length})` +
+    (v.template_consistent === false ? ", per-message ≠ whole render" : "")),
+    tokenStrip(v.rendered, drift.map((d) => d.rendered), "rendered-tokens")));
+  detail.replaceChildren(...parts, columns);
+}
+
+// --- routing -------------------------------------------------------------------------------------
+
+async function route() {
+  const hash = location.hash || "#/";
+  const [path, query] = hash.slice(1).split("?");
+  const m = path.match(/^\/session\/([^/]+)(?:\/(call|tokens)\/([^/]+))?$/);
+  try {
+    if (m) {
+      const sid = decodeURIComponent(m[1]);
+      await showSession(sid, m[2] === "call" ? decodeURIComponent(m[3]) : null,
+        m[2] === "tokens" ? Number(m[3]) : null);
+    } else {
+      await showList(new URLSearchParams(query || ""));
+    }
+    document.body.dataset.ready = hash;
+  } catch (e) {
+    app.replaceChildren(el("p", { class: "error-line", id: "load-error" }, `Cannot load: ${e.message}`));
+    document.body.dataset.ready = hash;
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();
