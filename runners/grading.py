@@ -26,6 +26,7 @@ from forgerl.schema.messages import Message
 
 from .forkserver import ForkError, fork_grade
 from .transcript import openclaw_events, rollout_messages
+from .verifier import Verdict
 
 if TYPE_CHECKING:
     from .tasks import Task
@@ -51,6 +52,7 @@ class GradeInput:
     workspace: Path
     final_answer: str | None = None  # the harness's last answer to the user, from its own output
     service_state: dict[str, object] = field(default_factory=dict)  # service name -> what its state endpoints returned
+    verdict: Verdict | None = None  # what a verifier run after the agent left (`verifier.py`), if the task has one
 
     @cached_property
     def messages(self) -> list[Message]:

@@ -66,29 +66,39 @@ class LocalRunner(BatchRunner):
         workspace, home = tmp / "workspace", tmp / "home"
         home.mkdir()
         prepare_workspace(task, workspace)
+        layout = task.layout(tmp, workspace)  # fixed paths (/app, /tests, ...) and a verifier: Harbor tasks
+        cwd = Path(layout.workdir) if layout else workspace
+        agent_s = self.timeout_s or task.timeout_s
         with Sandbox(tmp, self.recorder_url, self.isolate_network) as sandbox:
-            ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, self.model, dict(self.env))
+            ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, self.model, dict(self.env))
             argv, harness_env = self.harness.command(self.exe, ctx)
-            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | harness_env
+            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | (layout.env if layout else {})
+            env |= harness_env
             try:  # confined before a harness slot frees, so the harness starts the moment one does
-                sandbox.confine(argv, env, workspace, cpu_s=task.cpu_s, memory_mb=task.memory_mb)
+                sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
+                                harness_timeout_s=agent_s)
                 timings["setup"] = round(time.monotonic() - clock, 4)
                 clock = time.monotonic()
                 with self.harness_slot:
                     timings["queued"] = round(time.monotonic() - clock, 4)
-                    result = sandbox.run(self.timeout_s or task.timeout_s)
+                    result = sandbox.run(layout.wall_clock_s(agent_s) if layout else agent_s)
             except OSError as e:
                 raise InfraError(f"sandbox failed to start: {e}") from None
+        try:
+            verdict = layout.verdict() if layout else None
+        except OSError as e:
+            raise InfraError(str(e)) from None
         timings["harness"] = round(result.seconds, 4)
         clock = time.monotonic()
         final_answer = self.harness.final_answer(result.stdout, ctx)
-        run = GradeInput(self.dataset, session, workspace, final_answer)
+        run = GradeInput(self.dataset, session, workspace, final_answer, verdict=verdict)
         scores = grade_session(task, run, self.recorder_url)
         timings["grade"] = round(time.monotonic() - clock, 4)
         extra = {"final_answer": final_answer,
                  "harness_transcript": self.harness.own_transcript(ctx),
                  "returncode": result.returncode, "seconds": round(result.seconds, 3),
                  "enforced": sandbox.enforced, "stderr_tail": result.stderr[-STDERR_TAIL:] or None,
-                 "timings": timings}
+                 "timings": timings, **(layout.outcome_notes(verdict) if layout else {})}
+        timed_out = verdict.agent_timed_out if verdict else result.timed_out
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, scores,
-                              result.timed_out, result.returncode, model=self.model, extra=extra)
+                              timed_out, result.returncode, model=self.model, extra=extra)

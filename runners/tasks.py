@@ -46,6 +46,7 @@ import yaml
 from forgerl.errors import UserError
 
 from .grading import GradeInput, Reward, combine, grade_workspace
+from .verifier import Layout
 
 DEFAULT_TIMEOUT_S = 1800
 DEFAULT_CPU_S = 3600
@@ -88,6 +89,10 @@ class Task:
 
     def passes(self, reward: float) -> bool:
         return reward >= self.pass_threshold
+
+    def layout(self, rollout_dir: Path, workspace: Path) -> Layout | None:
+        """Fixed paths and a verifier after the agent that a rollout needs (`verifier.Layout`); None: neither."""
+        return None
 
 
 _SECTION = re.compile(r"^## +(.+?)\s*$", re.MULTILINE)

@@ -65,6 +65,21 @@ class Layout:
     env: dict[str, str] = field(default_factory=dict)  # what the task's environment sets (Dockerfile ENV)
     notes: dict = field(default_factory=dict)  # for the outcome's `extra`: what was and was not honoured
 
+    def wall_clock_s(self, agent_s: float) -> float:
+        """The runner's limit for the whole jail: the agent's time, the verifier's, and a grace."""
+        return agent_s + (self.verifier.timeout_s + STAGE_GRACE_S if self.verifier else 0.0)
+
+    def verdict(self) -> Verdict | None:
+        """What the verifier stage reported, once the jail is gone (OSError: it never did)."""
+        return read_verdict(self.verifier) if self.verifier else None
+
+    def outcome_notes(self, verdict: Verdict | None) -> dict:
+        """What the outcome's `extra` records of this layout: its notes, and how the verifier ended."""
+        if verdict is None:
+            return dict(self.notes)
+        return {**self.notes, "verifier": {"returncode": verdict.verifier_returncode,
+                                           "timed_out": verdict.verifier_timed_out, "error": verdict.error}}
+
     def jail_fields(self) -> dict:
         """The JailSpec fields this layout sets."""
         return {"root": self.root, "binds": [list(b) for b in self.binds],

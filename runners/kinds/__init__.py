@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from . import claweval
+from . import claweval, harbor
 
-KINDS: tuple[ModuleType, ...] = (claweval,)
+KINDS: tuple[ModuleType, ...] = (claweval, harbor)
 
 
 def kind_of(path: Path) -> ModuleType | None:

@@ -1,0 +1,172 @@
+"""Harbor task directories on the local runner: the agent, then the task's own tests/test.sh in the same jail.
+
+The tasks are Harbor tasks written for these tests (`tests/fixtures/harbor/`):
+`hello` (reward.txt, 1 or 0), `checks-json` (reward.json with one key per
+check), `slow-verifier` (runs past its 2 s timeout) and `guarded` (writes a
+reward only on success). The agent is a Python snippet run like any harness
+(`PythonHarness`), or Claude Code driven by a scripted model through its own
+Bash tool where it matters that a real harness does it (a pass, and an
+attempted reward preemption). Recorder and upstream are real.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
+from forgerl.runners.harnesses import get_harness
+from forgerl.runners.kinds import harbor
+from forgerl.runners.local import LocalRunner
+from forgerl.runners.rollout import Rollout
+from forgerl.runners.sandbox import can_unshare
+from forgerl.runners.tasks import TaskError, load_tasks
+from forgerl.schema.store import DatasetWriter
+
+from runner_fixtures import CALL_MODEL, PythonHarness, rollout_dirs, rollout_processes, shell_call
+from scripted_upstream import Request, ScriptedUpstream, Turn, saw_tool_result
+
+HARBOR = Path(__file__).parent / "fixtures" / "harbor"
+pytestmark = pytest.mark.skipif(not can_unshare(), reason="Harbor tasks need the jail's namespaces")
+
+
+def commands(request: Request) -> Turn:
+    """The model behind Claude Code: the shell command the task's prompt asks for, then a final answer."""
+    if saw_tool_result(request):
+        return Turn(text="Done.")
+    if "hello.txt" in str(request.body):
+        return Turn(text="Writing it.", tool_calls=[shell_call(request, "echo hello > hello.txt")])
+    # the guarded task: not solved, but a reward of 1 planted everywhere the agent can reach
+    plant = ("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && "
+             "echo '{\"reward\": 1}' > /logs/verifier/reward.json && "
+             "echo 1 > \"$HOME/../logs-verifier/reward.txt\" 2>/dev/null; "
+             "echo 'echo 1 > /logs/verifier/reward.txt' > \"$HOME/../tests/test.sh\" 2>/dev/null; "
+             "(sleep 4; echo 1 > /logs/verifier/reward.txt) > /dev/null 2>&1 & "
+             "echo unsolved > answer.txt")
+    return Turn(text="Planting a reward.", tool_calls=[shell_call(request, plant)])
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("harbor")
+    with ScriptedUpstream(commands) as up, BackgroundRecorder(
+            RecorderConfig(out=root / "data", upstream_anthropic=up.url, upstream_openai=up.url)) as rec:
+        yield root, rec
+
+
+def run(stack, task_name: str, harness, *, attempts: int = 1, parallel: int = 1):
+    root, rec = stack
+    [task] = load_tasks(HARBOR / task_name)
+    work = root / "work" / uuid.uuid4().hex[:6]
+    work.mkdir(parents=True)
+    runner = LocalRunner(harness, rec.config.url, root / "data", parallel=parallel, retries=0, workdir=work)
+    with DatasetWriter(root / "data", source="runner") as writer:
+        outcomes = runner.run([Rollout(task, a) for a in range(attempts)], writer)
+    assert rollout_dirs(work) == set(), "a rollout's temp dir was left behind"
+    return outcomes
+
+
+def agent(code: str) -> PythonHarness:
+    return PythonHarness(code=CALL_MODEL + code)
+
+
+def test_task_toml_loads_as_harbor_reads_it():
+    task = harbor.load_task(HARBOR / "hello")
+    assert (task.id, task.timeout_s, task.verifier_timeout_s, task.memory_mb) == ("hello", 60.0, 60.0, 1024)
+    assert task.verifier_env == {"EXPECTED": "hello"} and task.allow_internet is False and task.cpus == 1
+    assert task.prompt.startswith("Create the file `hello.txt`") and task.workdir == "/app"
+    assert task.env == {"GREETING": "hello"} and [(f.source.name, f.dest) for f in task.files] == [
+        ("seed.txt", "seed.txt")]
+    assert task.not_honoured == ("FROM ubuntu:24.04",
+                                 "RUN apt-get update && apt-get install -y --no-install-recommends curl")
+    assert harbor.load_task(HARBOR / "checks-json").memory_mb == 1024  # the deprecated memory = "1G"
+    slow = harbor.load_task(HARBOR / "slow-verifier")
+    assert slow.docker_image == "ghcr.io/example/slow-verifier:1" and slow.memory_mb == harbor.MEMORY_MB
+    assert sorted(t.id for t in load_tasks(HARBOR)) == ["checks-json", "guarded", "hello", "slow-verifier"]
+
+
+def test_a_task_without_its_verifier_is_a_task_error(tmp_path):
+    shutil.copytree(HARBOR / "hello", tmp_path / "broken")
+    (tmp_path / "broken" / "tests" / "test.sh").unlink()
+    with pytest.raises(TaskError, match="no tests/test.sh"):
+        load_tasks(tmp_path / "broken")
+    (tmp_path / "broken" / "task.toml").write_text("[agent\n")
+    with pytest.raises(TaskError, match="task.toml"):
+        load_tasks(tmp_path / "broken")
+
+
+def test_the_built_image_is_named_by_its_environment():
+    task = harbor.load_task(HARBOR / "hello")
+    name = harbor.built_image(task, "registry.local:5000/")
+    assert name.startswith("registry.local:5000/harbor-hello:") and name == harbor.built_image(task, "registry.local:5000")
+    assert harbor.built_image(harbor.load_task(HARBOR / "slow-verifier"), "r") == "ghcr.io/example/slow-verifier:1"
+
+
+@pytest.mark.slow
+def test_a_real_harness_passes_and_the_outcome_says_what_ran_on_the_host(stack):
+    [outcome] = run(stack, "hello", get_harness("claude-code"))
+    assert outcome.status == "success", (outcome.error, outcome.extra.get("stderr_tail"), outcome.extra.get("verifier"))
+    row = outcome.row()
+    assert row["reward"] == 1.0 and json.loads(row["scores"]) == {"reward": 1.0}
+    assert outcome.extra["environment"] == "host"
+    assert outcome.extra["dockerfile_not_honoured"][0] == "FROM ubuntu:24.04"
+    assert outcome.extra["verifier"] == {"returncode": 0, "timed_out": False, "error": None}
+    assert any("mount namespace: /app" in e for e in outcome.extra["enforced"])
+
+
+def test_a_failing_verifier_scores_zero(stack):
+    [outcome] = run(stack, "hello", agent("open('hello.txt', 'w').write('goodbye')\n"))
+    assert outcome.status == "failed" and outcome.row()["reward"] == 0.0 and outcome.scores == {"reward": 0.0}
+
+
+def test_a_json_reward_keeps_every_numeric_key(stack):
+    [outcome] = run(stack, "checks-json", agent("open('answer.txt', 'w').write('41')\n"))
+    assert outcome.scores == {"reward": 0.5, "file_exists": 1.0, "answer_is_42": 0.0}  # "note" is not a number
+    assert outcome.status == "failed" and outcome.row()["reward"] == 0.5
+
+
+def test_a_verifier_past_its_timeout_scores_zero_and_leaves_nothing(stack):
+    [outcome] = run(stack, "slow-verifier", agent(""))
+    assert outcome.status == "failed" and outcome.scores == {"reward": 0.0}
+    assert outcome.extra["verifier"]["timed_out"] is True and "ran past its 2 s" in outcome.extra["verifier"]["error"]
+    assert outcome.extra["docker_image_not_used"] == "ghcr.io/example/slow-verifier:1"
+    assert outcome.extra["seconds"] < 30 and rollout_processes("sleep 60") == []
+
+
+def test_parallel_rollouts_each_have_their_own_working_dir_tests_and_logs(stack):
+    # attempt 0 writes the right word, attempt 1 a wrong one, both at once; each verifier sees only its own /app
+    code = ("import os, time\n"
+            "word = 'hello' if '-a0-' in os.environ['FORGE_SESSION_ID'] else 'nope'\n"
+            "open('/app/hello.txt', 'w').write(word)\n"
+            "open('/logs/verifier/reward.txt', 'w').write('1')\n"
+            "time.sleep(1.5)\n"
+            "assert open('/app/hello.txt').read() == word and os.listdir('/tests') == []\n")
+    outcomes = run(stack, "hello", agent(code), attempts=2, parallel=2)
+    by_attempt = {o.rollout.attempt: o for o in outcomes}
+    assert by_attempt[0].status == "success" and by_attempt[0].extra["returncode"] == 0
+    assert by_attempt[1].status == "failed" and by_attempt[1].row()["reward"] == 0.0
+
+
+@pytest.mark.slow
+def test_an_agent_cannot_write_the_reward_ahead_of_the_verifier(stack):
+    [outcome] = run(stack, "guarded", get_harness("claude-code"))
+    # The agent wrote reward 1 into /logs/verifier (and the host folder behind it, and a late writer); the
+    # verifier, finding the task unsolved, wrote none: under Harbor's shared folder the planted 1 would stand.
+    assert outcome.extra["final_answer"] == "Done.", outcome.extra.get("stderr_tail")
+    assert outcome.scores == {"reward": 0.0} and outcome.status == "failed"
+    assert "wrote no reward" in outcome.extra["verifier"]["error"]
+    assert rollout_processes("sleep 4") == []
+
+
+def test_no_namespaces_is_an_infra_error_with_the_reason(stack):
+    root, rec = stack
+    [task] = load_tasks(HARBOR / "hello")
+    runner = LocalRunner(agent(""), rec.config.url, root / "data", retries=0, isolate_network=False)
+    with DatasetWriter(root / "data", source="runner") as writer:
+        [outcome] = runner.run([Rollout(task, 0)], writer)
+    assert outcome.status == "infra_error" and "needs a mount and a PID namespace" in outcome.error
+    assert "network isolation is off" in outcome.error
