@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from . import claweval, harbor
+from . import claweval, harbor, web
 
-KINDS: tuple[ModuleType, ...] = (claweval, harbor)
+KINDS: tuple[ModuleType, ...] = (claweval, harbor, web)
 
 
 def kind_of(path: Path) -> ModuleType | None:

@@ -1,0 +1,181 @@
+"""Web tasks: a browser agent works self-hosted web apps served inside the rollout's sandbox.
+
+The offline equivalent of WebVoyager and Online-Mind2Web, in the style of
+WebArena's self-hosted sites. A web benchmark is a folder holding
+`apps.toml` and `tasks/*.toml` (the project's own is `benchmarks/web/`):
+
+    # apps.toml: each app, the script that serves it and its fixed port
+    [shop]
+    script = "apps/shop.py"       # run as `python3 SCRIPT --port PORT`; relative to apps.toml
+    port = 8101
+
+    # tasks/<id>.toml
+    id = "shop-cheapest-kettle"
+    type = "information"           # information (answer checked) | transaction (final state checked)
+    apps = ["shop"]                # the apps served for this task
+    prompt = "On the shop at http://127.0.0.1:8101/ ..."
+    timeout_seconds = 600          # optional, as for every task
+    [[checks]]                     # per-check scores in [0, 1]; the reward is their mean
+    name = "names the cheapest kettle in stock"
+    answer_includes = "min((p for p in shop['products'] if ...), key=lambda p: p['price'])['name']"
+    [[checks]]
+    name = "no order placed"
+    expect = "len(shop['orders']) == 2"
+
+Checks are evaluated by `web_checks.py` (what they see, how answers
+match). Every app serves `GET /__forge/health` and `GET /__forge/state`,
+which no page links to: the sandbox collects the state after the harness
+exits, and only the grader reads it. Fixed ports never clash across
+parallel rollouts: each rollout's apps run in its own network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from forgerl.schema.messages import Message
+
+from ..grading import GradeInput, GradingError, grade_workspace
+from ..tasks import DEFAULT_TIMEOUT_S, Task, TaskError
+
+APPS_FILE = "apps.toml"
+TASK_TYPES = ("information", "transaction")
+CHECK_KINDS = ("answer_includes", "expect")
+GRADER = "from forgerl.runners.kinds.web_checks import grade\n"
+STATE_PATH = "/__forge/state"
+HEALTH_PATH = "/__forge/health"
+
+
+@dataclass(frozen=True)
+class WebApp:
+    """One app of the benchmark, served on a fixed port inside the rollout's network namespace."""
+
+    name: str
+    script: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        """How it is started: the runner's Python runs the script (the apps need only its standard library)."""
+        return [sys.executable, str(self.script), "--port", str(self.port)]
+
+
+@dataclass(frozen=True)
+class WebTask(Task):
+    """A task over web apps, graded by its checks against the final answer, the apps' state and the trajectory."""
+
+    apps: tuple[WebApp, ...] = ()
+    task_type: str = "information"
+    checks: tuple[dict, ...] = ()  # {"name", "answer_includes" | "expect"}
+
+    benchmark: ClassVar[str] = "forgerl-web"
+
+    def score(self, run: GradeInput) -> dict[str, float]:
+        missing = [app.name for app in self.apps if app.name not in run.service_state]
+        if missing:
+            raise GradingError(f"no state was collected from the app(s) {', '.join(missing)}")
+        actions = browser_actions(run.messages)
+        payload = {"checks": list(self.checks), "answer": run.final_answer,
+                   "state": {app.name: run.service_state[app.name] for app in self.apps},
+                   "actions": actions, "steps": sum(m.role == "assistant" for m in run.messages)}
+        return grade_workspace(self, payload, run.workspace)
+
+
+def browser_actions(messages: list[Message]) -> list[dict]:
+    """The trajectory's actions in order: tool calls (Playwright MCP's `browser_click`, ...) and the items of
+    browser-use's structured answers (`{"action": [{"click": {...}}, ...]}` in the assistant's text)."""
+    actions: list[dict] = []
+    for message in messages:
+        if message.role != "assistant":
+            continue
+        for part in message.parts:
+            if part.type == "tool_call":
+                actions.append({"name": part.tool_name, "arguments": _json(part.arguments) or {}})
+            elif part.type == "text" and isinstance(doc := _json(part.text), dict):
+                for item in doc.get("action") or []:
+                    if isinstance(item, dict) and len(item) == 1:
+                        (name, arguments), = item.items()
+                        actions.append({"name": name, "arguments": arguments})
+    return actions
+
+
+def _json(text: str | None) -> object:
+    try:
+        return json.loads(text or "")
+    except json.JSONDecodeError:
+        return None
+
+
+def _benchmark_root(path: Path) -> Path | None:
+    for folder in (path, path.parent, path.parent.parent):
+        if (folder / APPS_FILE).is_file():
+            return folder
+    return None
+
+
+def matches(path: Path) -> bool:
+    """A web benchmark folder (`apps.toml` + `tasks/`), its `tasks/` folder, or one of its task files."""
+    root = _benchmark_root(path)
+    return root is not None and (path.is_dir() or (path.suffix == ".toml" and path.parent == root / "tasks"))
+
+
+def _toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise TaskError(f"{path}: {e}") from None
+
+
+def load_apps(root: Path) -> dict[str, WebApp]:
+    apps = {}
+    for name, spec in _toml(root / APPS_FILE).items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("port"), int) or not spec.get("script"):
+            raise TaskError(f"{root / APPS_FILE}: app {name!r} needs script and an integer port")
+        script = root / spec["script"]
+        if not script.is_file():
+            raise TaskError(f"{root / APPS_FILE}: app {name!r}: no such script {script}")
+        apps[name] = WebApp(name, script.resolve(), spec["port"])
+    return apps
+
+
+def _check(check: object, where: Path) -> dict:
+    kinds = [k for k in CHECK_KINDS if isinstance(check, dict) and k in check]
+    if not isinstance(check, dict) or not check.get("name") or len(kinds) != 1:
+        raise TaskError(f"{where}: each [[checks]] needs a name and one of {', '.join(CHECK_KINDS)}")
+    try:
+        compile(check[kinds[0]], str(where), "eval")
+    except SyntaxError as e:
+        raise TaskError(f"{where}: check {check['name']!r}: {e.msg}") from None
+    return {"name": str(check["name"]), kinds[0]: check[kinds[0]]}
+
+
+def load_one(path: Path, apps: dict[str, WebApp]) -> WebTask:
+    spec = _toml(path)
+    if not spec.get("id") or not spec.get("prompt") or not spec.get("checks") or not spec.get("apps"):
+        raise TaskError(f"{path}: a web task needs id, prompt, apps and [[checks]]")
+    unknown = [a for a in spec["apps"] if a not in apps]
+    if unknown:
+        raise TaskError(f"{path}: unknown app(s) {', '.join(unknown)}; {APPS_FILE} has {', '.join(apps)}")
+    if spec.get("type", "information") not in TASK_TYPES:
+        raise TaskError(f"{path}: type must be one of {', '.join(TASK_TYPES)}")
+    return WebTask(id=str(spec["id"]), prompt=str(spec["prompt"]), grader=GRADER, path=path,
+                   timeout_s=float(spec.get("timeout_seconds", DEFAULT_TIMEOUT_S)),
+                   apps=tuple(apps[a] for a in spec["apps"]), task_type=spec.get("type", "information"),
+                   checks=tuple(_check(c, path) for c in spec["checks"]))
+
+
+def load(path: Path) -> list[Task]:
+    root = _benchmark_root(path)
+    apps = load_apps(root)
+    files = [path] if path.is_file() else sorted((root / "tasks").glob("*.toml"))
+    if not files:
+        raise TaskError(f"{root}: no web tasks in {root / 'tasks'}")
+    return [load_one(f, apps) for f in files]
