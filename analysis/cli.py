@@ -1,6 +1,7 @@
 """`forge-analyze`: measure harness behaviour over a recorded dataset with DuckDB.
 
-    forge-analyze report DATASET [--by harness|model|task] [--out report.html]
+    forge-analyze report DATASET [--by COLUMN] [--out report.html]
+    forge-analyze compare DATASET --a COLUMN=VALUE --b COLUMN=VALUE [--json]
     forge-analyze sql DATASET "SELECT ..." [--format table|csv|json]
     forge-analyze views
     forge-analyze view DATASET [--listen 127.0.0.1:8765] [--tokenizer PATH_OR_NAME]
@@ -27,9 +28,11 @@ from forgerl.converters.tokens import Renderer
 from forgerl.errors import UserError
 
 from . import connect
-from .report import build, table, to_html
+from .compare import Side, compare
+from .groups import FIXED, OUTCOME
+from .report import build, comparison_table, table, to_html
 from .viewer.server import DEFAULT_LISTEN, parse_listen, serve
-from .views import GROUPS, VIEWS
+from .views import VIEWS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser("report", help="behaviour metrics per group: a terminal table and an HTML report")
     report.add_argument("dataset")
-    report.add_argument("--by", default="harness", help=f"group sessions by: {', '.join(GROUPS)} (default harness)")
+    report.add_argument("--by", default="harness", help=f"group sessions by {', '.join(FIXED)}, an outcome column "
+                                                        f"({', '.join(OUTCOME)}) or a label key (default harness)")
     report.add_argument("--out", help="write a self-contained HTML report with plots here")
     report.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
     report.add_argument("--viewer", metavar="URL", help="link group names to `forge-analyze view` at this URL")
@@ -46,6 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("query")
     sql.add_argument("--format", default="table", help="table (default), csv or json")
     sub.add_parser("views", help="list the views and what each holds")
+    cmp = sub.add_parser("compare", help="two slices paired per task, with bootstrap confidence intervals",
+                         description="Compare the sessions of --a with those of --b on the tasks both hold: every "
+                                     "behaviour rate, pass@k and pass^k, each side's value and B - A with percentile "
+                                     "intervals from a paired task-level bootstrap (analysis/README.md).")
+    cmp.add_argument("dataset")
+    cmp.add_argument("--a", required=True, metavar="COLUMN=VALUE", help="side A, e.g. policy_version=v1 "
+                                                                         "(any --by column of report)")
+    cmp.add_argument("--b", required=True, metavar="COLUMN=VALUE", help="side B, e.g. policy_version=v5")
+    cmp.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default 0.95)")
+    cmp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0): same seed, same intervals")
+    cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     view = sub.add_parser("view", help="browse sessions, calls and token-level samples in a local web app")
     view.add_argument("dataset")
     view.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
@@ -57,8 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(args: argparse.Namespace) -> int:
-    if args.by not in GROUPS:
-        raise UserError(f"unknown --by column {args.by!r}; choose one of: {', '.join(GROUPS)}")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
     out = Path(args.out) if args.out else None
@@ -107,6 +121,21 @@ def format_rows(names: list[str], rows: list[tuple], fmt: str) -> str:
     return "\n".join("  ".join(v[:60].ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    a, b = Side.parse(args.a, "--a"), Side.parse(args.b, "--b")
+    c = compare(connect(args.dataset, materialize=True), a, b, confidence=args.confidence, resamples=args.resamples,
+                seed=args.seed)
+    if args.json:
+        print(json.dumps({"a": str(c.a), "b": str(c.b), "tasks": c.tasks, "confidence": c.confidence,
+                          "resamples": c.resamples, "seed": c.seed, "method": "paired task-level bootstrap, percentile",
+                          "metrics": [r.as_dict() for r in c.rows]}, indent=2))
+        return 0
+    from rich.console import Console
+
+    Console(width=200).print(comparison_table(c))
+    return 0
+
+
 def _views(args: argparse.Namespace) -> int:
     width = max(len(v.name) for v in VIEWS)
     print("\n".join(f"{v.name.ljust(width)}  {v.doc}" for v in VIEWS))
@@ -122,7 +151,7 @@ def _view(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"report": _report, "sql": _sql, "views": _views, "view": _view}
+COMMANDS = {"report": _report, "sql": _sql, "views": _views, "compare": _compare, "view": _view}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,11 @@
-"""`forge-analyze report`: the behaviour metrics per group as a terminal table and a self-contained HTML page.
+"""`forge-analyze report` and `compare`: behaviour metrics per group, and comparisons, as terminal and HTML tables.
 
-The numbers come from the `metrics_by_*`, `pass_curve_by_*` and `tool_usage`
-views; plots are matplotlib figures inlined as SVG, so the HTML file needs
-nothing but itself.
+The numbers come from `groups.metrics_by` / `pass_curve_by` (the
+`metrics_by_*` views for the fixed groups), `tool_calls` and `compare.py`;
+plots are matplotlib figures inlined as SVG, so the HTML file needs nothing
+but itself. When the dataset holds two or more policy versions the page adds
+"what changed": the first version against the last with paired bootstrap
+intervals, and each behaviour's learning curve over the versions per harness.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from urllib.parse import urlencode
 
 import duckdb
 
-from .views import GROUPS
+from forgerl.errors import UserError
+
+from . import groups
+from .compare import Comparison, Side, compare, learning_curves, natural_key, policy_versions
 
 # (column, header, format) of the terminal and HTML tables.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -36,6 +42,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("cost_usd", "cost $", "usd"),
 )
 BAR_METRICS = ("verification_rate", "recovery_rate", "tool_coverage", "plan_completion", "pass_at_1")
+LEARNING_METRICS = ("verification_rate", "recovery_rate", "tool_coverage", "plan_completion", "pass_at_1")
 
 
 @dataclass
@@ -45,6 +52,8 @@ class Report:
     curves: list[dict]
     tools: list[dict]
     sessions: int
+    changes: Comparison | None = None  # first policy version against the last, when there are two or more
+    learning: list[dict] | None = None  # metrics per harness and policy version (`compare.learning_curves`)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
@@ -54,14 +63,23 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
 
 
 def build(con: duckdb.DuckDBPyConnection, by: str = "harness") -> Report:
-    """Compute everything the report shows (`by` must be one of `GROUPS`; `con` best from `connect(materialize=True)`)."""
-    if by not in GROUPS:
-        raise ValueError(f"unknown --by column {by!r}; choose one of: {', '.join(GROUPS)}")
-    tools_sql = (f"SELECT {GROUPS[by]} AS grp, tool_name, kind, count(*) AS calls FROM tool_calls "
-                 f"JOIN session_info USING (session_id) GROUP BY ALL ORDER BY grp, calls DESC, tool_name")
-    return Report(by=by, groups=_rows(con, f"SELECT * FROM metrics_by_{by}"),
-                  curves=_rows(con, f"SELECT * FROM pass_curve_by_{by}"), tools=_rows(con, tools_sql),
-                  sessions=con.execute("SELECT count(*) FROM session_metrics").fetchone()[0])
+    """Compute everything the report shows (`by`: any `groups.choices`, else UserError; `con` best from
+    `connect(materialize=True)`)."""
+    expr = groups.column(con, by)
+    tools_sql = (f"SELECT grp, tool_name, kind, count(*) AS calls FROM tool_calls JOIN (SELECT session_id, "
+                 f"{groups.key(expr)} AS grp FROM session_groups) USING (session_id) "
+                 f"GROUP BY ALL ORDER BY grp, calls DESC, tool_name")
+    report = Report(by=by, groups=_rows(con, groups.metrics_by(expr, by)),
+                    curves=_rows(con, groups.pass_curve_by(expr, by)), tools=_rows(con, tools_sql),
+                    sessions=con.execute("SELECT count(*) FROM session_metrics").fetchone()[0])
+    versions = policy_versions(con)
+    if len(versions) >= 2:
+        report.learning = learning_curves(con)
+        try:
+            report.changes = compare(con, Side("policy_version", versions[0]), Side("policy_version", versions[-1]))
+        except UserError:  # the two versions share no task: the curves still show, the paired deltas cannot
+            report.changes = None
+    return report
 
 
 def _fmt(value, kind: str) -> str:
@@ -101,13 +119,13 @@ def _svg(fig) -> str:
     return svg[svg.index("<svg"):]  # drop the XML prolog and doctype: inline SVG needs neither
 
 
-def _figure(width: float = 7.5, height: float = 3.6):
+def _figure(width: float = 7.5, height: float = 3.6, ncols: int = 1):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig, ax = plt.subplots(1, ncols, figsize=(width, height), sharey=ncols > 1)
     return fig, ax
 
 
@@ -177,6 +195,71 @@ def tool_distribution(report: Report) -> str:
     return _svg(fig)
 
 
+def learning_plot(report: Report) -> str:
+    """One panel per behaviour metric: its value per policy version (x, in natural order), a line per harness."""
+    rows = report.learning or []
+    versions = sorted({r["policy_version"] for r in rows}, key=natural_key)
+    fig, axes = _figure(3 * len(LEARNING_METRICS), 3, ncols=len(LEARNING_METRICS))
+    for ax, metric in zip(axes, LEARNING_METRICS):
+        for harness in dict.fromkeys(r["harness"] for r in rows):
+            points = [(versions.index(r["policy_version"]), r[metric]) for r in rows
+                      if r["harness"] == harness and r[metric] is not None and r[metric] == r[metric]]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=harness)
+        ax.set_xticks(range(len(versions)), versions, rotation=45, fontsize=8)
+        ax.set_title(_header(metric), fontsize=10)
+        ax.set_ylim(-0.02, 1.05)
+    axes[0].set_ylabel("rate")
+    axes[-1].legend(fontsize=8)
+    return _svg(fig)
+
+
+# --- comparisons --------------------------------------------------------------------------------
+
+
+def _header(metric: str) -> str:
+    return next((h for c, h, _ in COLUMNS if c == metric), metric)
+
+
+def _kind(metric: str) -> str:
+    """How a comparison metric prints: rates as percentages, pass@k and pass^k too, the rest as numbers."""
+    if metric.startswith("pass"):
+        return "pct"
+    return {"turns": "num", "cost_usd": "usd"}.get(metric, next((k for c, _, k in COLUMNS if c == metric), "num"))
+
+
+def _ci(interval, kind: str) -> str:
+    return "-" if interval is None else f"[{_fmt(interval.low, kind)}, {_fmt(interval.high, kind)}]"
+
+
+def _delta(value, kind: str) -> str:
+    text = _fmt(value, kind)
+    return text if text == "-" or text.startswith("-") else "+" + text
+
+
+def comparison_cells(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of a comparison: each side's value and interval, the difference and its interval."""
+    pct = f"{100 * c.confidence:g}%"
+    headers = ["metric", f"A {c.a}", f"{pct} CI", f"B {c.b}", f"{pct} CI", "B - A", f"{pct} CI", "tasks"]
+    rows = [[_header(r.metric), _fmt(r.a, k), _ci(r.a_ci, k), _fmt(r.b, k), _ci(r.b_ci, k), _delta(r.delta, k),
+             _ci(r.delta_ci, k), str(r.tasks)] for r in c.rows for k in [_kind(r.metric)]]
+    return headers, rows
+
+
+def comparison_table(c: Comparison):
+    """The comparison as a rich table (what `forge-analyze compare` prints)."""
+    from rich.table import Table
+
+    headers, rows = comparison_cells(c)
+    table_ = Table(title=f"{c.a} (A) vs {c.b} (B): {len(c.tasks)} paired tasks, paired task bootstrap, "
+                         f"{c.resamples} resamples, seed {c.seed}", title_justify="left")
+    for i, h in enumerate(headers):
+        table_.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        table_.add_row(*row)
+    return table_
+
+
 # --- HTML -------------------------------------------------------------------------------------
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}
@@ -191,6 +274,28 @@ def _group_cell(report: Report, value: object, viewer: str | None) -> str:
     if viewer is None:
         return f"<td>{text}</td>"
     return f'<td><a href="{html.escape(viewer)}#/?{urlencode({report.by: str(value)})}">{text}</a></td>'
+
+
+def what_changed(report: Report) -> str:
+    """The "what changed" section: first against last policy version with intervals, and the learning curves."""
+    if report.learning is None:
+        return ""
+    esc = html.escape
+    parts = ['<h2 id="what-changed">What changed across policy versions</h2>']
+    if report.changes is None:
+        parts.append("<p>The first and last policy versions share no task, so no paired deltas.</p>")
+    else:
+        c = report.changes
+        headers, rows = comparison_cells(c)
+        parts.append(f"<p>{esc(str(c.a))} (A) against {esc(str(c.b))} (B) on the {len(c.tasks)} tasks both "
+                     f"attempted: {100 * c.confidence:g}% percentile intervals from a paired task-level bootstrap "
+                     f"({c.resamples} resamples, seed {c.seed}; analysis/README.md).</p>")
+        parts.append('<table id="changes"><tr>' + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>" +
+                     "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in rows) +
+                     "</table>")
+    parts.append(f'<figure id="learning-curves" class="plot">{learning_plot(report)}<figcaption>Each behaviour '
+                 "per policy version, one line per harness: how fast each harness learns.</figcaption></figure>")
+    return "".join(parts)
 
 
 def to_html(report: Report, title: str, viewer: str | None = None) -> str:
@@ -213,6 +318,6 @@ def to_html(report: Report, title: str, viewer: str | None = None) -> str:
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
             f"<p>{report.sessions} sessions, grouped by {esc(report.by)}; generated {stamp}.</p>"
-            f"<table id=\"metrics\"><tr>{head}</tr>{rows}</table>{figures}"
+            f"<table id=\"metrics\"><tr>{head}</tr>{rows}</table>{figures}{what_changed(report)}"
             f"<h2>Calls per tool</h2><table class=\"tools\"><tr><th>{esc(report.by)}</th><th>tool</th><th>kind</th>"
             f"<th>calls</th></tr>{tool_rows}</table></body></html>\n")

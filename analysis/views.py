@@ -15,9 +15,11 @@ import duckdb
 import pyarrow as pa
 
 from . import kinds
+from .groups import FIXED, metrics_by, pass_curve_by
 from .reliability import pass_at_k, pass_pow_k
 
-GROUPS: dict[str, str] = {"harness": "harness", "model": "model", "task": "task"}
+# The groups with a registered `metrics_by_*` / `pass_curve_by_*` view (any other column: `groups.metrics_by`).
+GROUPS: dict[str, str] = {g: g for g in FIXED}
 
 
 @dataclass(frozen=True)
@@ -271,13 +273,29 @@ FROM both_ GROUP BY session_id
 SESSION_INFO = """
 WITH h AS (SELECT session_id, nullif(harness, 'unknown') AS harness FROM sessions),
 o AS (
-  SELECT session_id, any_value(task_id) AS task, any_value(harness) AS harness, any_value(model) AS model
+  SELECT session_id, any_value(task_id) AS task, any_value(harness) AS harness, any_value(model) AS model,
+         any_value(policy_version) AS policy_version
   FROM outcomes GROUP BY 1),
 m AS (SELECT session_id, mode(model) AS model FROM turns GROUP BY 1),
+pv AS (SELECT session_id, mode(policy_version) AS policy_version FROM calls WHERE policy_version IS NOT NULL GROUP BY 1),
 ids AS (SELECT DISTINCT session_id FROM calls UNION SELECT session_id FROM outcomes)
 SELECT ids.session_id, coalesce(h.harness, o.harness, 'unknown') AS harness,
-       coalesce(m.model, o.model, 'unknown') AS model, coalesce(o.task, '(none)') AS task
+       coalesce(m.model, o.model, 'unknown') AS model, coalesce(o.task, '(none)') AS task,
+       coalesce(o.policy_version, pv.policy_version, '(none)') AS policy_version
 FROM ids LEFT JOIN h USING (session_id) LEFT JOIN o USING (session_id) LEFT JOIN m USING (session_id)
+LEFT JOIN pv USING (session_id)
+"""
+
+# Every column a report or comparison may group sessions by (`groups.py` names them): session_info's, the
+# graded outcome's and the recorder's labels (JSON).
+SESSION_GROUPS = """
+WITH o AS (
+  SELECT session_id, any_value(status) AS status, any_value(runner) AS runner, any_value(attempt) AS attempt,
+         any_value(passed) AS passed, any_value(reward) AS reward
+  FROM outcomes GROUP BY 1),
+l AS (SELECT session_id, any_value(labels) AS labels FROM sessions GROUP BY 1)
+SELECT si.*, o.* EXCLUDE (session_id), l.labels
+FROM session_info si LEFT JOIN o USING (session_id) LEFT JOIN l USING (session_id)
 """
 
 SESSION_METRICS = """
@@ -339,50 +357,19 @@ GROUP BY ALL
 """
 
 ATTEMPTS = """
-SELECT o.session_id, o.task_id AS task, coalesce(o.harness, si.harness, 'unknown') AS harness,
-       coalesce(o.model, si.model, 'unknown') AS model, o.attempt, o.status, o.reward, coalesce(o.passed, false) AS passed
-FROM outcomes o LEFT JOIN session_info si USING (session_id)
+SELECT o.session_id, o.task_id AS task, coalesce(o.harness, g.harness, 'unknown') AS harness,
+       coalesce(o.model, g.model, 'unknown') AS model, coalesce(o.policy_version, g.policy_version, '(none)')
+       AS policy_version, o.attempt, o.status, o.runner, o.reward, coalesce(o.passed, false) AS passed, g.labels
+FROM outcomes o LEFT JOIN session_groups g USING (session_id)
 WHERE o.status <> 'infra_error'
 """
 
 PASS_K = """
 WITH r AS (
-  SELECT task, harness, model, count(*) AS n, count(*) FILTER (WHERE passed) AS c FROM attempts GROUP BY ALL)
-SELECT task, harness, model, n, c, k, pass_at_k(n, c, k) AS pass_at_k, pass_pow_k(n, c, k) AS pass_pow_k
+  SELECT task, harness, model, policy_version, count(*) AS n, count(*) FILTER (WHERE passed) AS c
+  FROM attempts GROUP BY ALL)
+SELECT task, harness, model, policy_version, n, c, k, pass_at_k(n, c, k) AS pass_at_k, pass_pow_k(n, c, k) AS pass_pow_k
 FROM (SELECT *, unnest(range(1, n + 1)) AS k FROM r)
-"""
-
-
-def _by_group(by: str) -> str:
-    """One row per value of `by`: every behaviour metric aggregated over that group's sessions."""
-    col = GROUPS[by]
-    return f"""
-WITH s AS (
-  SELECT {col} AS grp, count(*) AS sessions, sum(turns) AS turns, sum(tool_calls) AS tool_calls,
-         avg(CAST(verified AS DOUBLE)) FILTER (WHERE writes > 0) AS verification_rate,
-         avg(verify_latency_turns) AS verify_latency_turns,
-         sum(recovered_episodes) / nullif(sum(failure_episodes), 0) AS recovery_rate,
-         sum(gave_up_episodes) / nullif(sum(failure_episodes), 0) AS give_up_rate,
-         sum(turns_to_recover_total) / nullif(sum(recovered_episodes), 0) AS turns_to_recover,
-         avg(tool_coverage) AS tool_coverage,
-         sum(plan_completed) / nullif(sum(plan_items), 0) AS plan_completion,
-         sum(human_turns) AS human_turns, sum(harness_turns) AS harness_turns,
-         sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
-         sum(cache_read_tokens) AS cache_read_tokens, sum(cache_write_tokens) AS cache_write_tokens,
-         sum(cost_usd) AS cost_usd
-  FROM session_metrics GROUP BY 1),
-p AS (SELECT {col} AS grp, avg(pass_at_k) AS pass_at_1 FROM pass_k WHERE k = 1 GROUP BY 1)
-SELECT s.grp AS {by}, s.* EXCLUDE (grp), p.pass_at_1 FROM s LEFT JOIN p USING (grp) ORDER BY 1
-"""
-
-
-def _pass_curve(by: str) -> str:
-    """k runs to the fewest attempts any of the group's tasks has, so every point averages the same tasks."""
-    col = GROUPS[by]
-    return f"""
-WITH g AS (SELECT *, min(n) OVER (PARTITION BY {col}) AS max_k FROM pass_k)
-SELECT {col} AS {by}, k, avg(pass_at_k) AS pass_at_k, avg(pass_pow_k) AS pass_pow_k, count(*) AS tasks
-FROM g WHERE k <= max_k GROUP BY ALL ORDER BY 1, 2
 """
 
 
@@ -403,17 +390,20 @@ VIEWS: tuple[View, ...] = (
     View("call_costs", "list-price cost in USD of each call (unpriced: no price for its model)", CALL_COSTS),
     View("tool_coverage", "tools offered, used and used/offered per session", TOOL_COVERAGE),
     View("plans", "plan items and the share completed per session (TodoWrite, Task*, update_plan)", PLANS),
-    View("session_info", "harness, model and task of each session", SESSION_INFO),
+    View("session_info", "harness, model, task and policy version of each session", SESSION_INFO),
+    View("session_groups", "what sessions group by: session_info, the outcome's status, runner, attempt, passed, "
+         "reward, and the labels", SESSION_GROUPS),
     View("session_metrics", "every behaviour metric, one row per session", SESSION_METRICS),
     View("tool_usage", "calls per tool and kind, per harness", TOOL_USAGE),
     View("attempts", "graded rollouts that count as attempts (infra_error excluded)", ATTEMPTS),
-    View("pass_k", "pass@k and pass^k per task, harness and model, for k = 1..attempts", PASS_K),
-    *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", _by_group(g)) for g in GROUPS),
-    *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts", _pass_curve(g)) for g in GROUPS),
+    View("pass_k", "pass@k and pass^k per task, harness, model and policy version, for k = 1..attempts", PASS_K),
+    *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", metrics_by(g, g)) for g in FIXED),
+    *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts",
+           pass_curve_by(g, g)) for g in FIXED),
 )
 
 # The views that several others read: a report computes them into tables once (`register(con, SHARED)`).
-SHARED = ("turns", "tool_calls", "tool_results", "session_info", "session_metrics")
+SHARED = ("turns", "tool_calls", "tool_results", "session_info", "session_groups", "session_metrics")
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> None:

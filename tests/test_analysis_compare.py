@@ -1,0 +1,220 @@
+"""Comparisons with uncertainty: the bootstrap against known distributions, and `compare` / `report --by` on two
+policy versions recorded through `forge-record serve --policy-version`.
+
+The recorded dataset plays tests/analysis_scenarios.py sessions on three
+tasks, two attempts each, under policy v1 (labelled stage=early) and v2
+(stage=late). The expected values below are worked out by hand from the
+scenarios' hand labels (tests/analysis_fixtures.py) and the rewards here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forgerl.analysis import connect
+from forgerl.analysis.cli import main
+from forgerl.analysis.compare import Side, compare, learning_curves, paired, percentile_interval, ratio, resample
+from forgerl.schema.store import DatasetWriter
+
+import analysis_scenarios as scenarios
+from conftest import RecorderProcess, session_calls
+from scripted_upstream import ScriptedUpstream
+
+FORGE_ANALYZE = str(Path(sys.executable).with_name("forge-analyze"))
+
+# --- the interval code against known distributions --------------------------------------------------------------
+
+
+def test_bernoulli_mean_interval_covers_at_the_nominal_rate():
+    """Over 400 seeded samples of 80 Bernoulli(0.3) draws, the 95% bootstrap interval of the mean holds the true
+    mean about 95% of the time (binomial sd of the rate: 1.1 points), and its bounds sit on the analytic Wald
+    interval's: same centre, same width to within a few percent."""
+    rng = np.random.default_rng(12345)
+    p, n, covered, gaps = 0.3, 80, 0, []
+    ones = np.ones(n)
+    for seed in range(400):
+        x = (rng.random(n) < p).astype(float)
+        ci = percentile_interval(ratio(x, ones, resample(n, 2000, seed)), 0.95)
+        covered += ci.low <= p <= ci.high
+        mean, half = x.mean(), 1.959964 * math.sqrt(x.mean() * (1 - x.mean()) / n)
+        gaps.append(max(abs(ci.low - (mean - half)), abs(ci.high - (mean + half))))
+    assert 0.92 <= covered / 400 <= 0.975, covered
+    assert np.median(gaps) < 0.015, np.median(gaps)
+
+
+def test_paired_difference_interval_covers_the_true_difference():
+    """Tasks whose difficulty varies, shared by both sides, and B passing each 0.1 more often: over 1000 seeded
+    replicates the paired 90% interval of B - A holds 0.1 at about the nominal rate (sd of the rate: 0.95 points),
+    its bounds sit on the analytic paired-difference normal interval's, and it is narrower than resampling the two
+    sides independently."""
+    rng = np.random.default_rng(7)
+    tasks, covered, gaps, widths, unpaired = 60, 0, [], [], []
+    ones = np.ones(tasks)
+    for seed in range(1000):
+        difficulty = rng.uniform(0.1, 0.8, tasks)
+        a = (rng.random(tasks) < difficulty).astype(float)
+        b = (rng.random(tasks) < difficulty + 0.1).astype(float)
+        draws = resample(tasks, 1000, seed)
+        va, vb, delta, _, _, ci = paired(a, ones, b, ones, draws, 0.9)
+        assert (va, vb, delta) == pytest.approx((a.mean(), b.mean(), b.mean() - a.mean()))
+        covered += ci.low <= 0.1 <= ci.high
+        d = b - a
+        half = 1.644854 * d.std(ddof=1) / math.sqrt(tasks)
+        gaps.append(max(abs(ci.low - (d.mean() - half)), abs(ci.high - (d.mean() + half))))
+        widths.append(ci.high - ci.low)
+        if seed < 200:
+            other = resample(tasks, 1000, seed + 10_000)
+            ind = percentile_interval(ratio(b, ones, other) - ratio(a, ones, draws), 0.9)
+            unpaired.append(ind.high - ind.low)
+    assert 0.87 <= covered / 1000 <= 0.93, covered
+    assert np.median(gaps) < 0.015, np.median(gaps)
+    assert np.mean(widths[:200]) < 0.95 * np.mean(unpaired)
+
+
+def test_interval_edges():
+    assert percentile_interval(np.array([np.nan] * 6 + [1.0] * 4), 0.95) is None  # most replicates undefined
+    ci = percentile_interval(np.array([np.nan] * 4 + list(range(6))), 0.5)
+    assert (ci.low, ci.high) == (1.25, 3.75)
+    assert math.isnan(ratio(np.zeros(3), np.zeros(3)))
+    draws = resample(5, 10, 3)
+    assert draws.shape == (10, 5) and (draws == resample(5, 10, 3)).all() and not (draws == resample(5, 10, 4)).all()
+
+
+# --- two policy versions, recorded ------------------------------------------------------------------------------
+
+# (policy version, task) -> [(scenario, reward) per attempt]
+PLAYS = {
+    ("v1", "t-fix"): [("cc-recover2", 0.5), ("cc-giveup-parallel", 0.0)],
+    ("v1", "t-sum"): [("cc-giveup-parallel", 0.0), ("cc-giveup-parallel", 0.0)],
+    ("v1", "t-greet"): [("codex-patch", 1.0), ("codex-patch", 0.0)],
+    ("v2", "t-fix"): [("cc-verify", 1.0), ("cc-verify", 1.0)],
+    ("v2", "t-sum"): [("cc-recover2", 1.0), ("cc-giveup-parallel", 0.0)],
+    ("v2", "t-greet"): [("codex-patch", 1.0), ("codex-patch", 1.0)],
+}
+CALLS = {"cc-recover2": 6, "cc-giveup-parallel": 2, "codex-patch": 7, "cc-verify": 6}
+# By hand from the scenarios' labels. v1: writes in recover2 (unverified) and 2 x codex-patch (verified) -> 2/3;
+# episodes: recover2 1 recovered, 3 x giveup 1 given up, 2 x codex 1 recovered -> 3/6.
+# v2: 2 x cc-verify + 2 x codex verified, recover2 not -> 4/5; episodes: recover2 1 rec, giveup 1 lost, codex 2 rec
+# -> 3/4. pass@1 per task: v1 (0, 0, 1/2), v2 (1, 1/2, 1); pass@2: v1 (0, 0, 1), v2 (1, 1, 1); pass^2 v2 (1, 0, 1).
+EXPECTED = {
+    "verification_rate": (2 / 3, 4 / 5), "recovery_rate": (3 / 6, 3 / 4), "give_up_rate": (3 / 6, 1 / 4),
+    "pass@1": (1 / 6, 5 / 6), "pass@2": (1 / 3, 1.0), "pass^1": (1 / 6, 5 / 6), "pass^2": (0.0, 2 / 3),
+}
+
+
+def _scenario(name: str) -> scenarios.Scenario:
+    return next(s for s in scenarios.scenarios() if s.session == name)
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("compare") / "data"
+    rows = []
+    with ScriptedUpstream(scenarios.script) as up:
+        for version, stage in (("v1", "early"), ("v2", "late")):
+            rec = RecorderProcess(root, up.url, "--policy-version", version, "--labels",
+                                  json.dumps({"stage": stage})).start()
+            try:
+                for (v, task), plays in PLAYS.items():
+                    if v != version:
+                        continue
+                    for attempt, (name, reward) in enumerate(plays, 1):
+                        session = f"{version}-{task}-a{attempt}"
+                        scenarios.play(_scenario(name), rec.base(session))
+                        session_calls(root, session, CALLS[name])
+                        row = scenarios.outcome(_scenario(name), session, task, attempt, reward)
+                        # v1's runner did not stamp the version: the sessions' calls carry it
+                        rows.append({**row, "policy_version": version if version == "v2" else None})
+            finally:
+                rec.stop()
+    with DatasetWriter(root, source="runner") as w:
+        for row in rows:
+            w.add_outcome(row)
+    return root
+
+
+def test_compare_policy_versions_matches_hand_labels(versions):
+    c = compare(connect(versions, materialize=True), Side("policy_version", "v1"), Side("policy_version", "v2"),
+                resamples=4000, seed=1)
+    assert c.tasks == ["t-fix", "t-greet", "t-sum"]
+    rows = {r.metric: r for r in c.rows}
+    assert [m for m in rows if m.startswith("pass")] == ["pass@1", "pass^1", "pass@2", "pass^2"]
+    for metric, (a, b) in EXPECTED.items():
+        r = rows[metric]
+        assert (r.a, r.b, r.delta) == pytest.approx((a, b, b - a)), metric
+        for point, ci in ((r.a, r.a_ci), (r.b, r.b_ci), (r.delta, r.delta_ci)):
+            assert ci.low <= point <= ci.high, (metric, point, ci)
+    # pass@1's per-task differences are (1, 1/2, 1/2): a resampled mean is 1/2 with probability (2/3)^3 and 1 with
+    # (1/3)^3, both above 2.5%, so the 95% interval runs exactly from 1/2 to 1.
+    assert (rows["pass@1"].delta_ci.low, rows["pass@1"].delta_ci.high) == pytest.approx((0.5, 1.0))
+    again = compare(connect(versions), Side("policy_version", "v1"), Side("policy_version", "v2"),
+                    resamples=4000, seed=1)
+    assert [r.as_dict() for r in again.rows] == [r.as_dict() for r in c.rows]  # seeded: same intervals
+
+
+def test_grouping_by_version_label_and_outcome(versions):
+    con = connect(versions)
+    assert con.execute("SELECT DISTINCT policy_version FROM session_info ORDER BY 1").fetchall() == [("v1",), ("v2",)]
+    curve = {(r["harness"], r["policy_version"]): r for r in learning_curves(con)}
+    assert set(curve) == {("claude-code", "v1"), ("claude-code", "v2"), ("codex", "v1"), ("codex", "v2")}
+    # claude-code alone: v1 writes only in recover2 (unverified) -> 0; v2 2 x cc-verify of 3 -> 2/3
+    assert curve[("claude-code", "v1")]["verification_rate"] == 0.0
+    assert curve[("claude-code", "v2")]["verification_rate"] == pytest.approx(2 / 3)
+    r = analyze("report", str(versions), "--by", "stage")
+    assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
+    assert lines["early"][1] == "6" and lines["late"][1] == "6"
+    assert lines["early"][10] == "17%" and lines["late"][10] == "83%"  # pass@1, as in EXPECTED
+    r = analyze("report", str(versions), "--by", "status")
+    assert r.returncode == 0 and {line.split()[0] for line in r.stdout.splitlines()[1:]} == {"failed", "success"}
+
+
+def test_report_html_shows_what_changed(versions, tmp_path):
+    out = tmp_path / "r.html"
+    r = analyze("report", str(versions), "--by", "policy_version", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()[1:]] == ["v1", "v2"]
+    page = out.read_text()
+    assert 'id="what-changed"' in page and 'id="changes"' in page and 'id="learning-curves"' in page
+    changes = page.split('id="changes"')[1].split("</table>")[0]
+    assert "<td>pass@1</td><td>17%</td>" in changes
+    assert "<td>+67%</td><td>[50%, 100%]</td>" in changes
+    assert page.count("<svg") == 4
+
+
+def test_compare_cli(versions, capsys):
+    r = analyze("compare", str(versions), "--a", "policy_version=v1", "--b", "policy_version=v2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tasks"] == ["t-fix", "t-greet", "t-sum"] and doc["seed"] == 0 and doc["resamples"] == 2000
+    got = {m["metric"]: m for m in doc["metrics"]}
+    assert got["recovery_rate"]["delta"] == pytest.approx(0.25) and len(got["recovery_rate"]["delta_ci"]) == 2
+    r = analyze("compare", str(versions), "--a", "stage=early", "--b", "stage=late")
+    assert r.returncode == 0, r.stderr
+    assert "3 paired tasks" in r.stdout and "verify" in r.stdout and "pass^2" in r.stdout
+    for args, message in [
+        (("--a", "policy_version=v1", "--b", "colour=red"), "unknown --b column 'colour'; choose one of: harness"),
+        (("--a", "policy_version", "--b", "policy_version=v2"), "--a 'policy_version': expected COLUMN=VALUE"),
+        (("--a", "policy_version=v1", "--b", "policy_version=v9"), "no sessions have policy_version=v9"),
+        (("--a", "policy_version=v1", "--b", "task=t-fix"), None),
+        (("--a", "task=t-sum", "--b", "task=t-fix"), "share no task"),
+        (("--a", "policy_version=v1", "--b", "policy_version=v2", "--confidence", "95"), "--confidence must be"),
+    ]:
+        code = main(["compare", str(versions), *args])  # in-process: the same wrapper as the installed verb
+        out, err = capsys.readouterr()
+        if message is None:
+            assert code == 0 and "paired tasks" in out, err
+            continue
+        assert code == 2 and message in err, (args, err)
+        assert len(err.strip().splitlines()) == 1 and out == "", (args, out)
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([FORGE_ANALYZE, *args], capture_output=True, text=True, timeout=120)
