@@ -134,6 +134,6 @@ def test_notebook_runs_on_the_example():
                             resources={"metadata": {"path": str(path.parent)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
     first = next(o for o in outputs if o.output_type == "execute_result")["data"]["text/plain"]
     assert [float(v) for v in first.split("\n")[1].split()[1:]] == [21, 87, 75]  # 7 scenarios x 3 attempts: sessions, turns, calls

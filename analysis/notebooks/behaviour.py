@@ -92,3 +92,37 @@ ax.set_xlabel("k")
 ax.legend()
 plt.show()
 assert curves["pass_at_k"].between(0, 1).all()
+
+# %% [markdown]
+# ## Comparing two slices, with uncertainty
+# `compare` pairs two slices of the dataset per task and puts a paired task-level bootstrap
+# interval (seeded, percentile; analysis/README.md) on each side and on the difference B - A,
+# for every behaviour rate and for pass@k and pass^k. The same as
+# `forge-analyze compare DATASET --a attempt=1 --b attempt=3`. The example's attempts replay the
+# same scripts, so its behaviour differences are zero and only pass@1 moves; on a training run,
+# compare `policy_version=v1` with `policy_version=v5`.
+
+# %%
+import pandas as pd
+
+from forgerl.analysis.compare import Side, compare, learning_curves
+
+c = compare(con, Side("attempt", "1"), Side("attempt", "3"), resamples=2000, seed=0)
+deltas = pd.DataFrame([r.as_dict() for r in c.rows]).set_index("metric")
+assert (deltas.loc["verification_rate", "delta"], deltas.loc["pass@1", "tasks"]) == (0.0, 5)
+deltas
+
+# %% [markdown]
+# Learning curves: each behaviour per harness over a grouping column, here the attempt
+# (`learning_curves(con)` defaults to `over="policy_version"`: how fast each harness learns).
+
+# %%
+curve = pd.DataFrame(learning_curves(con, over="attempt"))
+metrics = ["verification_rate", "recovery_rate", "pass_at_1"]
+fig, axes = plt.subplots(1, len(metrics), figsize=(9, 2.8), sharey=True)
+for ax, metric in zip(axes, metrics):
+    for harness, rows in curve[curve["attempt"] != "(none)"].groupby("harness"):
+        ax.plot(rows["attempt"], rows[metric], marker="o", label=harness)
+    ax.set_title(metric)
+axes[0].legend()
+plt.show()
