@@ -2,12 +2,17 @@
 
 A policy takes the prompt as token ids (the gateway renders the chat
 template, so the ids are exactly what the model conditions on) and returns
-the generated ids with their logprobs. Three implementations:
+the generated ids with their logprobs: whole (`generate`) or, when it can,
+as they are generated (`stream`, a series of `Delta`s; `deltas` gives one
+whole delta for a policy that cannot stream). Three implementations:
 
 - `HTTPPolicy`: an OpenAI-compatible server speaking vLLM's protocol:
   `POST /v1/completions` with `prompt` = token ids, `return_token_ids: true`
   and `logprobs: 1`; the ids come back in `choices[0].token_ids`, the
-  sampled tokens' logprobs in `choices[0].logprobs.token_logprobs`.
+  sampled tokens' logprobs in `choices[0].logprobs.token_logprobs`. With
+  `stream: true` each SSE chunk carries the same fields for the tokens it
+  adds (vLLM's `CompletionResponseStreamChoice`), the last one the
+  `finish_reason`; an error mid-stream is an `{"error": ...}` chunk.
 - `ScriptedPolicy`: emits chosen texts as token sequences (logprob 0: a
   deterministic policy), so tests can make a real harness run real tools.
 - veRL's rollout servers, through `forgerl.trainer.agent_loop` (Ray calls).
@@ -15,11 +20,14 @@ the generated ids with their logprobs. Three implementations:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
+
+from .sse import SSEDecoder
 
 
 @dataclass
@@ -39,8 +47,32 @@ class Generation:
     finish_reason: str  # "stop" (end of turn) | "length"
 
 
+@dataclass
+class Delta:
+    """The tokens a streaming policy adds in one step; the last delta names how the generation ended."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str | None = None  # "stop" | "length" on the last
+
+
 class Policy(Protocol):
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation: ...
+
+
+class StreamingPolicy(Policy, Protocol):
+    def stream(self, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]: ...
+
+
+async def deltas(policy: Policy, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
+    """The policy's generation as it comes: its own stream, or its whole generation as one delta."""
+    stream = getattr(policy, "stream", None)
+    if stream is not None:
+        async for delta in stream(prompt_ids, sampling):
+            yield delta
+        return
+    whole = await policy.generate(prompt_ids, sampling)
+    yield Delta(whole.token_ids, whole.logprobs, whole.finish_reason)
 
 
 class PolicyError(Exception):
@@ -57,19 +89,37 @@ class HTTPPolicy:
         self._session: aiohttp.ClientSession | None = None
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        body = {"model": self.served_model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 1,
-                "return_token_ids": True, "stream": False, **sampling.extra}
         try:
-            async with self._session.post(f"{self.url}/v1/completions", json=body) as response:
+            async with self._post(prompt_ids, sampling, False) as response:
                 data = await response.json(content_type=None)
                 if response.status != 200:
                     raise PolicyError(f"policy server answered {response.status}: {str(data)[:300]}")
         except (aiohttp.ClientError, ValueError) as e:
             raise PolicyError(f"policy server {self.url}: {e}") from e
         return _generation(data)
+
+    async def stream(self, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
+        try:
+            async with self._post(prompt_ids, sampling, True) as response:
+                if response.status != 200:
+                    raise PolicyError(f"policy server answered {response.status}: {(await response.text())[:300]}")
+                decoder = SSEDecoder()
+                async for chunk in response.content.iter_any():
+                    for event in decoder.feed(chunk):
+                        if event.data.strip() == "[DONE]":
+                            return
+                        yield _delta(event.data)
+        except (aiohttp.ClientError, ValueError) as e:
+            raise PolicyError(f"policy server {self.url}: {e}") from e
+        raise PolicyError(f"policy server {self.url}: the stream ended without [DONE]")
+
+    def _post(self, prompt_ids: list[int], sampling: Sampling, stream: bool) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        body = {"model": self.served_model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 1,
+                "return_token_ids": True, "stream": stream, **sampling.extra}
+        return self._session.post(f"{self.url}/v1/completions", json=body)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -78,6 +128,24 @@ class HTTPPolicy:
 
 
 def _generation(data: Any) -> Generation:
+    ids, logprobs, finish = _choice(data)
+    return Generation(token_ids=ids, logprobs=logprobs, finish_reason="length" if finish == "length" else "stop")
+
+
+def _delta(data: str) -> Delta:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise PolicyError(f"policy stream sent a frame that is not JSON: {data[:200]}") from None
+    ids, logprobs, finish = _choice(chunk)
+    return Delta(ids, logprobs, None if finish is None else "length" if finish == "length" else "stop")
+
+
+def _choice(data: Any) -> tuple[list[int], list[float] | None, str | None]:
+    """(token ids, their logprobs, finish reason) of a completion body or stream chunk's first choice."""
+    error = data.get("error") if isinstance(data, dict) else None
+    if error:
+        raise PolicyError(f"policy server failed: {error.get('message') if isinstance(error, dict) else error}")
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise PolicyError("policy answer has no choices")
@@ -89,9 +157,7 @@ def _generation(data: Any) -> Generation:
     values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
     if values is not None and len(values) != len(ids):
         raise PolicyError(f"policy sent {len(values)} logprobs for {len(ids)} tokens")
-    finish = "length" if choice.get("finish_reason") == "length" else "stop"
-    return Generation(token_ids=list(ids), logprobs=None if values is None else [float(v) for v in values],
-                      finish_reason=finish)
+    return list(ids), None if values is None else [float(v) for v in values], choice.get("finish_reason")
 
 
 Script = Callable[[str], str]
@@ -114,6 +180,12 @@ class ScriptedPolicy:
             return Generation(ids, [0.0] * len(ids), "length")
         ids.append(self.eos_id)
         return Generation(ids, [0.0] * len(ids), "stop")
+
+    async def stream(self, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
+        """The same turn, one token at a time."""
+        whole = await self.generate(prompt_ids, sampling)
+        for n, token in enumerate(whole.token_ids):
+            yield Delta([token], [0.0], whole.finish_reason if n == len(whole.token_ids) - 1 else None)
 
 
 def turns(*texts: str) -> Script:

@@ -37,7 +37,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -47,11 +46,12 @@ from forgerl.errors import UserError
 from forgerl.schema.chat import chat_tools, to_chat_messages
 from forgerl.schema.messages import Exchange, Usage, canonical_json, sha256_hex
 from forgerl.schema.segments import ANSWER_HEADER, CONTINUES_HEADER
-from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, format_for_template, parse_generation
+from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, TurnParser, format_for_template
 
 from .apis import ANTHROPIC, CHAT, GEMINI, RESPONSES, codec_for, parse_call
-from .apis.answer import Answer, Frame, new_id
-from .policy import Generation, Policy, PolicyError, Sampling
+from .apis.answer import Answer, Frame, StreamWriter, chunks, new_id
+from .detokenize import Detokenizer
+from .policy import Delta, Policy, PolicyError, Sampling, deltas
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,7 @@ class PolicyGateway:
         self.prompts = PromptBuilder(tokenizer, chat_template_kwargs=chat_template_kwargs)
         self.calls = 0
         self.new_segments = 0
+        self.malformed_calls = 0  # call-shaped text the format could not read: left as text, counted here
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -190,14 +191,34 @@ class PolicyGateway:
         if codec not in (ANTHROPIC, RESPONSES, CHAT, GEMINI):
             return _error(404, f"serve mode does not answer {request.path}")
         exchange = parse_call(codec, request.path, body)
+        turn = await self._turn(exchange, "toolu_" if codec is ANTHROPIC else "call_")
+        if _streamed(codec, request.path, body):
+            return await self._stream(request, turn, codec.stream_writer(turn.head, body))
         try:
-            answer, prompt = await self._answer(exchange, "toolu_" if codec is ANTHROPIC else "call_")
+            async for delta in deltas(self.policy, turn.prompt.ids, turn.sampling):
+                turn.add(delta)
         except PolicyError as e:
             log.warning("policy failed: %s", e)
             return _error(502, str(e))
-        if not _streamed(codec, request.path, body):
-            return web.json_response(codec.render_response(answer, body), headers=prompt.headers())
-        return await _stream(request, codec.render_stream(answer, body), prompt.headers())
+        return web.json_response(codec.render_response(self._finish(turn), body), headers=turn.prompt.headers())
+
+    async def _stream(self, request: web.Request, turn: Turn, writer: StreamWriter) -> web.StreamResponse:
+        """Forward the turn as the policy generates it: each delta's text is parsed and written at once."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               **turn.prompt.headers()})
+        await response.prepare(request)
+        await _send(response, writer.start())
+        try:
+            async for delta in deltas(self.policy, turn.prompt.ids, turn.sampling):
+                await _send(response, turn.tell(writer, turn.add(delta)))
+        except PolicyError as e:
+            log.warning("policy failed mid-stream: %s", e)
+            await _send(response, writer.fail(str(e)))
+        else:
+            frames = turn.tell(writer, turn.end())
+            await _send(response, frames + writer.finish(self._finish(turn)))
+        await response.write_eof()
+        return response
 
     async def _count_tokens(self, body: dict[str, Any]) -> web.Response:
         exchange = ANTHROPIC.parse_request(body)
@@ -206,31 +227,32 @@ class PolicyGateway:
         return web.json_response({"input_tokens": len(self.tokenizer.encode(text, add_special_tokens=False))})
 
     # -- the turn -------------------------------------------------------------------
-    async def _answer(self, exchange: Exchange, id_prefix: str) -> tuple[Answer, Prompt]:
+    async def _turn(self, exchange: Exchange, id_prefix: str) -> Turn:
         messages = to_chat_messages(exchange.input)
         tools = chat_tools(exchange.tools) or None
         prompt = await asyncio.to_thread(self.prompts.build, messages, tools)
-        generation = await self.policy.generate(prompt.ids, self._sampling(exchange.params))
-        self.calls += 1
-        self.new_segments += prompt.continues is None
-        turn = self._parse(generation)
-        ids = generation.token_ids
-        answer = Answer(id=new_id(), model=exchange.model_requested or self.served_model, turn=turn,
-                        call_ids=tuple(new_id(id_prefix) for _ in turn.tool_calls),
-                        usage=Usage(input_tokens=len(prompt.ids), output_tokens=len(ids), cache_read_tokens=0,
-                                    cache_write_tokens=0),
-                        finish=generation.finish_reason, created=int(time.time()), prompt_token_ids=prompt.ids,
-                        completion_token_ids=ids, completion_logprobs=generation.logprobs)
-        said = to_chat_messages([answer.message()])
-        self.prompts.remember(messages, tools, said, prompt.ids + generation.token_ids, prompt.answer_id)
-        return answer, prompt
+        head = Answer(id=new_id(), model=exchange.model_requested or self.served_model, turn=ParsedTurn(None, "", ()),
+                      call_ids=(), usage=Usage(input_tokens=len(prompt.ids), output_tokens=0, cache_read_tokens=0,
+                                               cache_write_tokens=0),
+                      created=int(time.time()), prompt_token_ids=prompt.ids)
+        parser = TurnParser(self.fmt, tools, in_reasoning=self._opens_reasoning(prompt.ids))
+        return Turn(head, messages, tools, prompt, self._sampling(exchange.params), id_prefix, parser,
+                    Detokenizer(self.tokenizer), self.prompts.eos_id)
 
-    def _parse(self, generation: Generation) -> ParsedTurn:
-        ids = generation.token_ids
-        if ids and ids[-1] == self.prompts.eos_id:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return parse_generation(text, self.fmt)
+    def _opens_reasoning(self, prompt_ids: list[int]) -> bool:
+        """Whether the generation prompt ends inside an opened reasoning block (the model writes only its close)."""
+        tail = self.tokenizer.decode(prompt_ids[-4:], skip_special_tokens=False).rstrip("\n")
+        return tail.endswith(self.fmt.think_open)
+
+    def _finish(self, turn: Turn) -> Answer:
+        """The whole answer, counted, and remembered for the requests that will continue it."""
+        answer = turn.answer()
+        self.calls += 1
+        self.new_segments += turn.prompt.continues is None
+        self.malformed_calls += answer.turn.malformed
+        said = to_chat_messages([answer.message()])
+        self.prompts.remember(turn.messages, turn.tools, said, turn.prompt.ids + turn.ids, turn.prompt.answer_id)
+        return answer
 
     def _sampling(self, params: dict[str, Any]) -> Sampling:
         asked = next((params[key] for key in _MAX_TOKEN_KEYS if isinstance(params.get(key), int)), None)
@@ -239,19 +261,68 @@ class PolicyGateway:
         return replace(self.sampling, max_tokens=max(1, asked))
 
 
+@dataclass
+class Turn:
+    """One call's generation as it arrives: the ids and logprobs so far, and their text parsed so far."""
+
+    head: Answer  # what is known before the first token
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    prompt: Prompt
+    sampling: Sampling
+    id_prefix: str
+    parser: TurnParser
+    text: Detokenizer
+    eos_id: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    finish: str = "length"
+    call_ids: list[str] = field(default_factory=list)
+
+    def add(self, delta: Delta) -> list[tuple[str, Any]]:
+        """Take a delta's tokens; the parse events their text completes. The end-of-turn token is not text."""
+        self.ids.extend(delta.token_ids)
+        if self.logprobs is not None and delta.logprobs is not None:
+            self.logprobs.extend(delta.logprobs)
+        else:
+            self.logprobs = None
+        if delta.finish_reason is not None:
+            self.finish = delta.finish_reason
+        return self.parser.feed(self.text.add([token for token in delta.token_ids if token != self.eos_id]))
+
+    def end(self) -> list[tuple[str, Any]]:
+        return self.parser.feed(self.text.rest()) + self.parser.finish()
+
+    def tell(self, writer: StreamWriter, events: list[tuple[str, Any]]) -> list[Frame]:
+        """Parse events as the harness's stream frames; each call gets its id as it completes."""
+        frames: list[Frame] = []
+        for kind, value in events:
+            if kind == "reasoning":
+                frames += writer.reasoning(value)
+            elif kind == "text":
+                frames += writer.text(value)
+            else:
+                self.call_ids.append(new_id(self.id_prefix))
+                frames += writer.tool_call(self.call_ids[-1], value, chunks)
+        return frames
+
+    def answer(self) -> Answer:
+        if not self.parser.finished:
+            self.end()
+        self.call_ids += [new_id(self.id_prefix) for _ in range(len(self.parser.turn().tool_calls) - len(self.call_ids))]
+        return replace(self.head, turn=self.parser.turn(), call_ids=tuple(self.call_ids),
+                       usage=replace(self.head.usage, output_tokens=len(self.ids)), finish=self.finish,
+                       completion_token_ids=self.ids, completion_logprobs=self.logprobs)
+
+
 def _streamed(codec: object, path: str, body: dict[str, Any]) -> bool:
     """Gemini says it in the path (`:streamGenerateContent`), the others in the body."""
     return path.endswith(":streamGenerateContent") if codec is GEMINI else bool(body.get("stream"))
 
 
-async def _stream(request: web.Request, frames: Iterator[Frame], headers: dict[str, str]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           **headers})
-    await response.prepare(request)
-    for frame in frames:
-        await response.write(frame.sse())
-    await response.write_eof()
-    return response
+async def _send(response: web.StreamResponse, frames: list[Frame]) -> None:
+    if frames:
+        await response.write(b"".join(frame.sse() for frame in frames))
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -18,12 +18,12 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from forgerl.schema.messages import Message, Usage
 from forgerl.schema.toolcalls import ParsedTurn, ToolCall
 
-__all__ = ["Answer", "Frame", "Pieces", "chunks", "new_id"]
+__all__ = ["Answer", "Frame", "Pieces", "StreamWriter", "chunks", "new_id", "replay"]
 
 Pieces = Callable[[str], Iterable[str]]
 """How a stream cuts a text (reasoning, answer text, tool arguments) into deltas."""
@@ -91,6 +91,41 @@ class Frame:
     def sse(self) -> bytes:
         head = f"event: {self.event}\n" if self.event else ""
         return f"{head}data: {self.text()}\n\n".encode()
+
+
+class StreamWriter(Protocol):
+    """One API's stream of a turn, written as the turn is said (serve mode streams a policy's tokens this way).
+
+    Made from a `head` answer (id, model, created, input usage, prompt ids: what is known before the first
+    token), then told the turn in order: reasoning pieces (an empty piece opens the block), text pieces,
+    whole tool calls; `finish` with the whole answer writes what only the end knows (stop reason, usage,
+    token ids), `fail` the API's error event instead. Each returns the frames to send now.
+    """
+
+    def start(self) -> list[Frame]: ...
+
+    def reasoning(self, piece: str) -> list[Frame]: ...
+
+    def text(self, piece: str) -> list[Frame]: ...
+
+    def tool_call(self, call_id: str, call: ToolCall, pieces: Pieces) -> list[Frame]: ...
+
+    def finish(self, answer: Answer) -> list[Frame]: ...
+
+    def fail(self, message: str) -> list[Frame]: ...
+
+
+def replay(writer: StreamWriter, answer: Answer, pieces: Pieces) -> Iterator[Frame]:
+    """A finished answer told to a writer, texts cut by `pieces`: how every codec's `render_stream` is made."""
+    yield from writer.start()
+    if answer.turn.reasoning is not None:
+        for piece in list(pieces(answer.turn.reasoning)) or [""]:
+            yield from writer.reasoning(piece)
+    for piece in pieces(answer.turn.text):
+        yield from writer.text(piece)
+    for call_id, call in answer.calls():
+        yield from writer.tool_call(call_id, call, pieces)
+    yield from writer.finish(answer)
 
 
 _compact: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode

@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks, replay
 from forgerl.recorder.apis.common import (BlockOf, Fragments, PartOf, StreamState, block, blob_from_base64, base64_of,
                                           describe_error,
                                           dict_list, dump_arguments, error_of, join_message, message_extra,
@@ -33,6 +33,7 @@ from forgerl.recorder.apis.common import (BlockOf, Fragments, PartOf, StreamStat
 from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension, token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part, Usage
+from forgerl.schema.toolcalls import ToolCall
 
 
 class AnthropicCodec:
@@ -96,26 +97,88 @@ class AnthropicCodec:
         return body
 
     def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
-        """The inverse of `AnthropicStream`, in the documented order: message_start (output_tokens 1),
-        each block's start, deltas and stop, with one ping after the first block's start, then
-        message_delta (stop reason, cumulative usage, the `forge` extension) and message_stop."""
-        whole = self.render_response(answer, request)
-        start = {key: value for key, value in whole.items() if key != TOKENS_KEY}
-        start.update(content=[], stop_reason=None, usage={**whole["usage"], "output_tokens": 1})
-        yield _frame("message_start", message=start)
-        for index, block in enumerate(whole["content"]):
-            frames = _block_frames(index, block, pieces)
-            yield next(frames)
-            if index == 0:
-                yield _PING
-            yield from frames
-        if not whole["content"]:
-            yield _PING
+        """The inverse of `AnthropicStream` (see `AnthropicWriter`)."""
+        return replay(self.stream_writer(answer, request), answer, pieces)
+
+    def stream_writer(self, head: Answer, request: Mapping[str, Any]) -> AnthropicWriter:
+        return AnthropicWriter(head, request)
+
+
+class AnthropicWriter:
+    """A Messages stream in the documented order: message_start (output_tokens 1), each block's start, deltas
+    and stop, with one ping after the first block's start, then message_delta (stop reason, cumulative usage,
+    the `forge` extension) and message_stop. A failure is the API's `error` event."""
+
+    def __init__(self, head: Answer, request: Mapping[str, Any]):
+        self.head, self.request = head, request
+        self._index = -1
+        self._open: str | None = None  # the type of the block being written
+        self._pinged = False
+
+    def start(self) -> list[Frame]:
+        usage = {**_render_usage(self.head.usage), "output_tokens": 1}
+        return [_frame("message_start", message={
+            "id": f"msg_{self.head.id}", "type": "message", "role": "assistant", "model": self.head.model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage})]
+
+    def reasoning(self, piece: str) -> list[Frame]:
+        frames = [] if self._open == "thinking" else self._start_block(
+            {"type": "thinking", "thinking": "", "signature": ""})
+        if piece:
+            frames.append(self._delta(True, type="thinking_delta", thinking=piece))
+        return frames
+
+    def text(self, piece: str) -> list[Frame]:
+        if not piece:
+            return []
+        frames = [] if self._open == "text" else self._start_block({"type": "text", "text": ""})
+        frames.append(self._delta(True, type="text_delta", text=piece))
+        return frames
+
+    def tool_call(self, call_id: str, call: ToolCall, pieces: Pieces) -> list[Frame]:
+        """Tool input starts with an empty partial_json, as the API sends it."""
+        frames = self._start_block({"type": "tool_use", "id": call_id, "name": call.name, "input": {}})
+        frames.append(self._delta(False, type="input_json_delta", partial_json=""))
+        frames.extend(self._delta(True, type="input_json_delta", partial_json=piece)
+                      for piece in pieces(call.arguments_json()))
+        return frames + self._stop_block()
+
+    def finish(self, answer: Answer) -> list[Frame]:
+        frames = self._stop_block()
+        if not self._pinged:
+            frames.append(_PING)
+        whole = CODEC.render_response(answer, self.request)
         delta = {"stop_reason": whole["stop_reason"], "stop_sequence": None}
         if TOKENS_KEY in whole:
             delta[TOKENS_KEY] = whole[TOKENS_KEY]
-        yield _frame("message_delta", delta=delta, usage=whole["usage"])
-        yield _frame("message_stop")
+        return frames + [_frame("message_delta", delta=delta, usage=whole["usage"]), _frame("message_stop")]
+
+    def fail(self, message: str) -> list[Frame]:
+        return [_frame("error", error={"type": "api_error", "message": message})]
+
+    def _start_block(self, block: dict[str, Any]) -> list[Frame]:
+        frames = self._stop_block()
+        self._index += 1
+        self._open = block["type"]
+        frames.append(_frame("content_block_start", index=self._index, content_block=block))
+        if not self._pinged:
+            frames.append(_PING)
+            self._pinged = True
+        return frames
+
+    def _stop_block(self) -> list[Frame]:
+        if self._open is None:
+            return []
+        frames = []
+        if self._open == "thinking":
+            frames.append(self._delta(False, type="signature_delta", signature=self.head.signature or ""))
+        frames.append(_frame("content_block_stop", index=self._index))
+        self._open = None
+        return frames
+
+    def _delta(self, tokens: bool, **fields: Any) -> Frame:
+        return Frame("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": fields},
+                     tokens)
 
 
 def _stop_reason(answer: Answer) -> str:
@@ -145,31 +208,6 @@ def _frame(kind: str, **data: Any) -> Frame:
 
 
 _PING = _frame("ping")
-
-
-def _block_frames(index: int, block: dict[str, Any], pieces: Pieces) -> Iterator[Frame]:
-    """content_block_start (the block empty), its deltas, content_block_stop. Tool input starts with an
-    empty partial_json, as the API sends it."""
-    kind = block["type"]
-
-    def delta(tokens: bool, **fields: Any) -> Frame:
-        return Frame("content_block_delta", {"type": "content_block_delta", "index": index, "delta": fields}, tokens)
-
-    if kind == "thinking":
-        yield _frame("content_block_start", index=index, content_block={**block, "thinking": "", "signature": ""})
-        for piece in pieces(block["thinking"]):
-            yield delta(True, type="thinking_delta", thinking=piece)
-        yield delta(False, type="signature_delta", signature=block["signature"])
-    elif kind == "text":
-        yield _frame("content_block_start", index=index, content_block={**block, "text": ""})
-        for piece in pieces(block["text"]):
-            yield delta(True, type="text_delta", text=piece)
-    else:
-        yield _frame("content_block_start", index=index, content_block={**block, "input": {}})
-        yield delta(False, type="input_json_delta", partial_json="")
-        for piece in pieces(json.dumps(block["input"], ensure_ascii=False)):
-            yield delta(True, type="input_json_delta", partial_json=piece)
-    yield _frame("content_block_stop", index=index)
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:

@@ -24,12 +24,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks, replay
 from forgerl.recorder.apis.common import (BlockOf, ChoiceStream, ChoiceWriter, Fragments, PartOf, block, dict_list,
                                           fill_from_choices, image_part, image_url, join_message, keep_latest,
                                           message_extra, params_without, render_content, split_extra, split_message,
                                           take, tool_spec)
 from forgerl.schema.messages import Exchange, Message, Part
+from forgerl.schema.toolcalls import ToolCall
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _REASONING_KEYS = ("reasoning_content", "reasoning")
@@ -77,31 +78,60 @@ class ChatCodec:
         return _writer(answer, request).body(message=message)
 
     def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
-        """The inverse of `ChatStream`: the answer as `chat.completion.chunk`s. Tool calls come as OpenAI
-        sends them: id, type and name in the first fragment (arguments empty), then argument pieces."""
-        writer = _writer(answer, request)
-        turn = answer.turn
-        yield writer.chunk(delta={"role": "assistant", "content": ""})
-        if turn.reasoning is not None:
-            for piece in list(pieces(turn.reasoning)) or [""]:
-                yield writer.chunk(bool(piece), delta={"reasoning_content": piece})
-        for piece in pieces(turn.text):
-            yield writer.chunk(True, delta={"content": piece})
-        for index, (call_id, call) in enumerate(answer.calls()):
-            yield writer.chunk(delta={"tool_calls": [{"index": index, "id": call_id, "type": "function",
-                                                      "function": {"name": call.name, "arguments": ""}}]})
-            for piece in pieces(call.arguments_json()):
-                yield writer.chunk(True, delta={"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-        yield from writer.end(delta={})
+        """The inverse of `ChatStream` (see `ChatWriter`)."""
+        return replay(self.stream_writer(answer, request), answer, pieces)
+
+    def stream_writer(self, head: Answer, request: Mapping[str, Any]) -> ChatWriter:
+        return ChatWriter(head, request)
+
+
+class ChatWriter:
+    """`chat.completion.chunk`s. Tool calls come as OpenAI sends them: id, type and name in the first fragment
+    (arguments empty), then argument pieces. A failure is an `{"error": ...}` chunk, then ``[DONE]``, as vLLM
+    sends it."""
+
+    def __init__(self, head: Answer, request: Mapping[str, Any]):
+        self._writer = _writer(head, request)
+        self._calls = 0
+
+    def start(self) -> list[Frame]:
+        return [self._writer.chunk(delta={"role": "assistant", "content": ""})]
+
+    def reasoning(self, piece: str) -> list[Frame]:
+        return [self._writer.chunk(bool(piece), delta={"reasoning_content": piece})]
+
+    def text(self, piece: str) -> list[Frame]:
+        return [self._writer.chunk(True, delta={"content": piece})] if piece else []
+
+    def tool_call(self, call_id: str, call: ToolCall, pieces: Pieces) -> list[Frame]:
+        index, self._calls = self._calls, self._calls + 1
+        frames = [self._writer.chunk(delta={"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                                            "function": {"name": call.name, "arguments": ""}}]})]
+        frames.extend(self._writer.chunk(True, delta={"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                      for piece in pieces(call.arguments_json()))
+        return frames
+
+    def finish(self, answer: Answer) -> list[Frame]:
+        self._writer.ends(answer, *_ending(answer))
+        return list(self._writer.end(delta={}))
+
+    def fail(self, message: str) -> list[Frame]:
+        return [Frame(None, {"error": {"message": message, "type": "server_error", "code": 502}}),
+                Frame(None, "[DONE]")]
 
 
 def _writer(answer: Answer, request: Mapping[str, Any]) -> ChoiceWriter:
+    return ChoiceWriter(answer, request, "chatcmpl-", ("chat.completion", "chat.completion.chunk"), *_ending(answer))
+
+
+def _ending(answer: Answer) -> tuple[str, dict[str, Any] | None]:
+    """The finish reason and logprobs object (vLLM's form for token-id answers) the last choice carries."""
     finish = "length" if answer.truncated else "tool_calls" if answer.call_ids else "stop"
     logprobs = None
     if answer.completion_logprobs is not None:  # vLLM's form for token-id answers (return_tokens_as_token_ids)
         logprobs = {"content": [{"token": f"token_id:{token}", "logprob": value, "bytes": None, "top_logprobs": []}
                                 for token, value in zip(answer.completion_token_ids or (), answer.completion_logprobs)]}
-    return ChoiceWriter(answer, request, "chatcmpl-", ("chat.completion", "chat.completion.chunk"), finish, logprobs)
+    return finish, logprobs
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:

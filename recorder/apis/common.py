@@ -473,6 +473,10 @@ class ChoiceWriter:
     def body(self, **fields: Any) -> dict[str, Any]:
         return self._envelope(False, [self._choice(fields, True)], usage=self._usage())
 
+    def ends(self, answer: Answer, finish: str, logprobs: dict[str, Any] | None) -> None:
+        """A streamed answer is whole: its last chunks say how it ended (the stream was begun from its head)."""
+        self.answer, self.finish, self.logprobs = answer, finish, logprobs
+
     def chunk(self, tokens: bool = False, **fields: Any) -> Frame:
         """A chunk of one choice's `fields`; `tokens`: they carry generated text."""
         return Frame(None, self._envelope(True, [self._choice(fields, False)]), tokens)

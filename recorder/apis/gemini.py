@@ -40,13 +40,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks, replay
 from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, StreamState, block, blob_from_base64,
                                           base64_of, dict_list, dump_arguments, keep_latest, message_extra,
                                           params_without, split_extra, take, tool_spec)
 from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension, token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part, Usage
+from forgerl.schema.toolcalls import ToolCall
 
 _ROLES = {"user": "user", "model": "assistant", "function": "tool"}
 _WIRE_ROLES = {canonical: wire for wire, canonical in _ROLES.items()}
@@ -134,40 +135,69 @@ class GeminiCodec:
         return body
 
     def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
-        """The inverse of `GeminiStream`, as the API streams: text and thoughts in pieces, each function call
-        whole, every chunk with the model version and response id; the last carries the finish reason,
-        usage (and the `forge` extension)."""
-        whole = self.render_response(answer, request)
-        head = {"modelVersion": whole["modelVersion"], "responseId": whole["responseId"]}
+        """The inverse of `GeminiStream` (see `GeminiWriter`)."""
+        return replay(self.stream_writer(answer, request), answer, pieces)
 
-        def chunk(part: dict[str, Any] | None, last: bool = False, delta: bool = False) -> Frame:
-            candidate: dict[str, Any] = {"content": {"role": "model", "parts": [part] if part else []}, "index": 0}
-            data: dict[str, Any] = {"candidates": [candidate]}
-            if last:
-                candidate["finishReason"] = whole["candidates"][0]["finishReason"]
-                data["usageMetadata"] = whole["usageMetadata"]
-                if TOKENS_KEY in whole:
-                    data[TOKENS_KEY] = whole[TOKENS_KEY]
-            return Frame(None, {**data, **head}, delta)
+    def stream_writer(self, head: Answer, request: Mapping[str, Any]) -> GeminiWriter:
+        return GeminiWriter(head, request)
 
-        frames: list[Frame] = []
-        for part in whole["candidates"][0]["content"]["parts"]:
-            if "text" not in part:
-                frames.append(chunk(part, delta=True))
-                continue
-            texts = list(pieces(part["text"])) or [""]
-            for index, text in enumerate(texts):
-                piece = {**part, "text": text}
-                if index < len(texts) - 1:
-                    piece.pop("thoughtSignature", None)
-                frames.append(chunk(piece, delta=bool(text)))
-        if frames:
-            last = frames.pop()
-            parts = last.data["candidates"][0]["content"]["parts"]  # type: ignore[index]
-            frames.append(chunk(parts[0] if parts else None, last=True, delta=last.delta))
-        else:
-            frames.append(chunk(None, last=True))
-        yield from frames
+
+class GeminiWriter:
+    """Chunks as the API streams them: text and thoughts in pieces (the thought signature on a thought's last
+    piece), each function call whole, every chunk with the model version and response id; the last carries
+    the finish reason, usage (and the `forge` extension). The last chunk also carries the last part, so each
+    part is held until the next one arrives. A failure is an `{"error": ...}` chunk."""
+
+    def __init__(self, head: Answer, request: Mapping[str, Any]):
+        self.head, self.request = head, request
+        self._held: tuple[dict[str, Any], bool] | None = None  # a part not sent yet, and whether it is generated
+
+    def start(self) -> list[Frame]:
+        return []
+
+    def reasoning(self, piece: str) -> list[Frame]:
+        return self._send({"text": piece, "thought": True}, bool(piece))
+
+    def text(self, piece: str) -> list[Frame]:
+        return self._send({"text": piece}, True) if piece else []
+
+    def tool_call(self, call_id: str, call: ToolCall, pieces: Pieces) -> list[Frame]:
+        return self._send({"functionCall": {"id": call_id, "name": call.name, "args": call.arguments}}, True)
+
+    def finish(self, answer: Answer) -> list[Frame]:
+        whole = CODEC.render_response(answer, self.request)
+        part, delta = self._held if self._held is not None else (None, False)
+        self._held = None
+        return [self._chunk(self._signed(part), delta, whole)]
+
+    def fail(self, message: str) -> list[Frame]:
+        frames = self._send(None, False)
+        return frames + [Frame(None, {"error": {"code": 500, "message": message, "status": "INTERNAL"}})]
+
+    def _send(self, part: dict[str, Any] | None, delta: bool) -> list[Frame]:
+        """Send the held part and hold this one; a thought's last piece gets the signature."""
+        frames = []
+        if self._held is not None:
+            held, held_delta = self._held
+            frames.append(self._chunk(held if part is not None and part.get("thought") and held.get("thought")
+                                      else self._signed(held), held_delta))
+        self._held = None if part is None else (part, delta)
+        return frames
+
+    def _signed(self, part: dict[str, Any] | None) -> dict[str, Any] | None:
+        if part is not None and part.get("thought") and self.head.signature is not None:
+            return {**part, "thoughtSignature": self.head.signature}
+        return part
+
+    def _chunk(self, part: dict[str, Any] | None, delta: bool, whole: dict[str, Any] | None = None) -> Frame:
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": [part] if part else []}, "index": 0}
+        data: dict[str, Any] = {"candidates": [candidate]}
+        if whole is not None:
+            candidate["finishReason"] = whole["candidates"][0]["finishReason"]
+            data["usageMetadata"] = whole["usageMetadata"]
+            if TOKENS_KEY in whole:
+                data[TOKENS_KEY] = whole[TOKENS_KEY]
+        return Frame(None, {**data, "modelVersion": self.head.model, "responseId": self.head.id}, delta)
 
 
 def _describe(error: Any) -> str:

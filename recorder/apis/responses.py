@@ -44,7 +44,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks
+from forgerl.recorder.apis.answer import Answer, Frame, Pieces, chunks, replay
 from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, StreamState, block, describe_error,
                                           dict_list, dump_arguments, error_of, image_part, image_url, join_message,
                                           message_extra, openai_usage, params_without, render_openai_usage,
@@ -52,6 +52,7 @@ from forgerl.recorder.apis.common import (HINTS, BlockOf, Fragments, PartOf, Str
 from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension, token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part
+from forgerl.schema.toolcalls import ToolCall
 
 _ROLES = ("user", "assistant", "system", "developer")
 
@@ -130,43 +131,104 @@ class ResponsesCodec:
         return _response(answer, request, "incomplete" if answer.truncated else "completed", _answer_items(answer))
 
     def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:
-        """The inverse of `ResponsesStream`: created, in_progress, per item its added event, its parts
-        and text deltas and done events, then the terminal event with the whole response. Each frame is
-        also what the Responses WebSocket sends as one text message."""
-        numbers = itertools.count()
+        """The inverse of `ResponsesStream` (see `ResponsesWriter`)."""
+        return replay(self.stream_writer(answer, request), answer, pieces)
 
-        def event(kind: str, tokens: bool = False, **data: Any) -> Frame:
-            name = f"response.{kind}"
-            return Frame(name, {"type": name, "sequence_number": next(numbers), **data}, tokens)
+    def stream_writer(self, head: Answer, request: Mapping[str, Any]) -> ResponsesWriter:
+        return ResponsesWriter(head, request)
 
-        shell = _response(answer, request, "in_progress", [])
-        yield event("created", response=shell)
-        yield event("in_progress", response=shell)
-        for n, item in enumerate(_answer_items(answer)):
-            at = {"item_id": item["id"], "output_index": n}
-            kind = item["type"]
-            yield event("output_item.added", output_index=n, item={**item, **_EMPTY_ITEMS[kind]})
-            if kind == "reasoning":
-                text, part = item["summary"][0]["text"], {"type": "summary_text", "text": ""}
-                yield event("reasoning_summary_part.added", **at, summary_index=0, part=part)
-                for piece in pieces(text):
-                    yield event("reasoning_summary_text.delta", True, **at, summary_index=0, delta=piece)
-                yield event("reasoning_summary_text.done", **at, summary_index=0, text=text)
-                yield event("reasoning_summary_part.done", **at, summary_index=0, part=item["summary"][0])
-            elif kind == "message":
-                text, part = item["content"][0]["text"], _output_text("")
-                yield event("content_part.added", **at, content_index=0, part=part)
-                for piece in pieces(text):
-                    yield event("output_text.delta", True, **at, content_index=0, delta=piece, logprobs=[])
-                yield event("output_text.done", **at, content_index=0, text=text, logprobs=[])
-                yield event("content_part.done", **at, content_index=0, part=item["content"][0])
-            else:
-                for piece in pieces(item["arguments"]):
-                    yield event("function_call_arguments.delta", True, **at, delta=piece)
-                yield event("function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
-            yield event("output_item.done", output_index=n, item=item)
+
+class ResponsesWriter:
+    """A Responses stream: created, in_progress, per item its added event, its parts and text deltas and done
+    events, then the terminal event with the whole response; a failure is `response.failed`. Each frame is
+    also what the Responses WebSocket sends as one text message."""
+
+    def __init__(self, head: Answer, request: Mapping[str, Any]):
+        self.head, self.request = head, request
+        self._numbers = itertools.count()
+        self._index = -1
+        self._item: dict[str, Any] | None = None  # the item being written
+        self._said: list[str] = []
+
+    def start(self) -> list[Frame]:
+        shell = _response(self.head, self.request, "in_progress", [])
+        return [self._event("created", response=shell), self._event("in_progress", response=shell)]
+
+    def reasoning(self, piece: str) -> list[Frame]:
+        frames = []
+        if self._item is None or self._item["type"] != "reasoning":
+            frames = self._add(_reasoning_item(self.head, ""))
+            frames.append(self._event("reasoning_summary_part.added", **self._at(), summary_index=0,
+                                      part={"type": "summary_text", "text": ""}))
+        if piece:
+            self._said.append(piece)
+            frames.append(self._event("reasoning_summary_text.delta", True, **self._at(), summary_index=0,
+                                      delta=piece))
+        return frames
+
+    def text(self, piece: str) -> list[Frame]:
+        if not piece:
+            return []
+        frames = []
+        if self._item is None or self._item["type"] != "message":
+            frames = self._add(_message_item(self.head, ""))
+            frames.append(self._event("content_part.added", **self._at(), content_index=0, part=_output_text("")))
+        self._said.append(piece)
+        frames.append(self._event("output_text.delta", True, **self._at(), content_index=0, delta=piece, logprobs=[]))
+        return frames
+
+    def tool_call(self, call_id: str, call: ToolCall, pieces: Pieces) -> list[Frame]:
+        item = _function_call_item(call_id, call)
+        frames = self._add(item)
+        frames.extend(self._event("function_call_arguments.delta", True, **self._at(), delta=piece)
+                      for piece in pieces(item["arguments"]))
+        frames.append(self._event("function_call_arguments.done", **self._at(), name=item["name"],
+                                  arguments=item["arguments"]))
+        return frames + self._done()
+
+    def finish(self, answer: Answer) -> list[Frame]:
         status = "incomplete" if answer.truncated else "completed"
-        yield event(status, response=_response(answer, request, status, _answer_items(answer)))
+        return self._done() + [self._event(status, response=_response(answer, self.request, status,
+                                                                       _answer_items(answer)))]
+
+    def fail(self, message: str) -> list[Frame]:
+        failed = _response(self.head, self.request, "failed", [])
+        failed["error"] = {"code": "server_error", "message": message}
+        return [self._event("failed", response=failed)]
+
+    def _event(self, kind: str, tokens: bool = False, **data: Any) -> Frame:
+        name = f"response.{kind}"
+        return Frame(name, {"type": name, "sequence_number": next(self._numbers), **data}, tokens)
+
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self._item["id"], "output_index": self._index}  # type: ignore[index]
+
+    def _add(self, item: dict[str, Any]) -> list[Frame]:
+        frames = self._done()
+        self._index += 1
+        self._item, self._said = item, []
+        return frames + [self._event("output_item.added", output_index=self._index,
+                                     item={**item, **_EMPTY_ITEMS[item["type"]]})]
+
+    def _done(self) -> list[Frame]:
+        """The open item's done events, its text now whole."""
+        item = self._item
+        if item is None:
+            return []
+        frames = []
+        text = "".join(self._said)
+        if item["type"] == "reasoning":
+            item = _reasoning_item(self.head, text)
+            frames.append(self._event("reasoning_summary_text.done", **self._at(), summary_index=0, text=text))
+            frames.append(self._event("reasoning_summary_part.done", **self._at(), summary_index=0,
+                                      part=item["summary"][0]))
+        elif item["type"] == "message":
+            item = _message_item(self.head, text)
+            frames.append(self._event("output_text.done", **self._at(), content_index=0, text=text, logprobs=[]))
+            frames.append(self._event("content_part.done", **self._at(), content_index=0, part=item["content"][0]))
+        frames.append(self._event("output_item.done", output_index=self._index, item=item))
+        self._item = None
+        return frames
 
 
 # What the response echoes of the request, and the API's defaults for what the request left out.
@@ -195,17 +257,28 @@ def _answer_items(answer: Answer) -> list[dict[str, Any]]:
     turn = answer.turn
     items: list[dict[str, Any]] = []
     if turn.reasoning is not None:
-        reasoning = {"id": f"rs_{answer.id}", "type": "reasoning",
-                     "summary": [{"type": "summary_text", "text": turn.reasoning}]}
-        if answer.signature is not None:
-            reasoning["encrypted_content"] = answer.signature
-        items.append(reasoning)
+        items.append(_reasoning_item(answer, turn.reasoning))
     if turn.text:
-        items.append({"id": f"msg_{answer.id}", "type": "message", "status": "completed", "role": "assistant",
-                      "content": [_output_text(turn.text)]})
-    items.extend({"id": f"fc_{call_id}", "type": "function_call", "status": "completed", "call_id": call_id,
-                  "name": call.name, "arguments": call.arguments_json()} for call_id, call in answer.calls())
+        items.append(_message_item(answer, turn.text))
+    items.extend(_function_call_item(call_id, call) for call_id, call in answer.calls())
     return items
+
+
+def _reasoning_item(answer: Answer, text: str) -> dict[str, Any]:
+    reasoning = {"id": f"rs_{answer.id}", "type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+    if answer.signature is not None:
+        reasoning["encrypted_content"] = answer.signature
+    return reasoning
+
+
+def _message_item(answer: Answer, text: str) -> dict[str, Any]:
+    return {"id": f"msg_{answer.id}", "type": "message", "status": "completed", "role": "assistant",
+            "content": [_output_text(text)]}
+
+
+def _function_call_item(call_id: str, call: ToolCall) -> dict[str, Any]:
+    return {"id": f"fc_{call_id}", "type": "function_call", "status": "completed", "call_id": call_id,
+            "name": call.name, "arguments": call.arguments_json()}
 
 
 def _output_text(text: str) -> dict[str, Any]:
