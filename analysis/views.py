@@ -364,6 +364,11 @@ FROM outcomes o LEFT JOIN session_groups g USING (session_id)
 WHERE o.status <> 'infra_error'
 """
 
+TASK_PASS_RATES = """
+SELECT task, harness, policy_version, count(*) AS n, count(*) FILTER (WHERE passed) AS passed, avg(reward) AS mean_reward
+FROM attempts GROUP BY ALL
+"""
+
 PASS_K = """
 WITH r AS (
   SELECT task, harness, model, policy_version, count(*) AS n, count(*) FILTER (WHERE passed) AS c
@@ -397,6 +402,8 @@ VIEWS: tuple[View, ...] = (
     View("tool_usage", "calls per tool and kind, per harness", TOOL_USAGE),
     View("attempts", "graded rollouts that count as attempts (infra_error excluded)", ATTEMPTS),
     View("pass_k", "pass@k and pass^k per task, harness, model and policy version, for k = 1..attempts", PASS_K),
+    View("task_pass_rates", "scored attempts n, passed and mean reward per task, harness and policy version "
+         "(forge-analyze pass-rates)", TASK_PASS_RATES),
     *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", metrics_by(g, g)) for g in FIXED),
     *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts",
            pass_curve_by(g, g)) for g in FIXED),

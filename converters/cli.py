@@ -13,6 +13,7 @@ from forgerl.cli import run_verb
 from . import drift
 from .filters import Filters
 from .pipeline import TARGETS, Options, convert
+from .solve_rate import SolveRate
 
 EPILOG = """\
 modes:
@@ -68,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--error-free", action="store_true", help="only sessions whose calls all succeeded")
     f.add_argument("--min-turns", type=int, help="samples with at least this many model calls")
     f.add_argument("--max-turns", type=int, help="samples with at most this many model calls")
+    f.add_argument("--solve-rate", metavar="MIN:MAX",
+                   help="sessions of tasks whose pass rate (passed / scored attempts in the dataset's outcomes) lies "
+                        "in [MIN, MAX], e.g. 0.1:0.9 for RL on tasks solved sometimes (--to verl-rl)")
     p.add_argument("--no-dedupe", action="store_true", help="keep identical samples")
     p.add_argument("--allow-tools-absent", action="store_true",
                    help="emit training rows whose tool calls come without tool definitions (calls.tools_absent); "
@@ -82,15 +86,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return run_verb("forge-convert", lambda: _convert(args, _options(args)))
+
+
+def _options(args: argparse.Namespace) -> Options:
+    """The run's options (a bad --solve-rate is a UserError here, inside the verb's wrapper)."""
     filters = Filters(models=frozenset(args.model), since=args.since, until=args.until, min_reward=args.min_reward,
                       outcomes=frozenset(args.outcome), error_free=args.error_free, min_turns=args.min_turns,
-                      max_turns=args.max_turns)
-    opts = Options(target=args.to, mode=args.mode, tokenizer=args.tokenizer, harnesses=frozenset(args.harness),
+                      max_turns=args.max_turns,
+                      solve_rate=SolveRate.parse(args.solve_rate) if args.solve_rate is not None else None)
+    return Options(target=args.to, mode=args.mode, tokenizer=args.tokenizer, harnesses=frozenset(args.harness),
                    filters=filters, val_fraction=args.val_fraction, dedupe=not args.no_dedupe,
                    tokens_from=args.tokens_from, shard_bytes=args.shard_mb * 1024 * 1024, agent_name=args.agent_name,
                    max_length=args.max_length, drift=args.drift, progress=not args.no_progress,
                    allow_tools_absent=args.allow_tools_absent)
-    return run_verb("forge-convert", lambda: _convert(args, opts))
 
 
 def _convert(args: argparse.Namespace, opts: Options) -> int:

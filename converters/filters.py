@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
 
 from .samples import Sample
+from .solve_rate import SolveRate, task_pass_rates
 from .source import Session
 
 
@@ -19,6 +21,12 @@ class Filters:
     error_free: bool = False
     min_turns: int | None = None
     max_turns: int | None = None
+    solve_rate: SolveRate | None = None
+    task_rates: dict[str, float] = field(default_factory=dict)  # task -> pass rate, when solve_rate is set
+
+    def with_pass_rates(self, root: Path) -> Filters:
+        """These filters with the dataset's task pass rates, which `--solve-rate` compares (read once per run)."""
+        return replace(self, task_rates=task_pass_rates(root)) if self.solve_rate else self
 
     def session_reason(self, session: Session) -> str | None:
         """Why a session is dropped, or None to keep it."""
@@ -33,6 +41,8 @@ class Filters:
             return "outcome not in --outcome"
         if self.error_free and not all(c.ok for c in session.calls):
             return "has failed calls (--error-free)"
+        if self.solve_rate and self.task_rates.get((session.outcome or {}).get("task_id"), -1.0) not in self.solve_rate:
+            return "task pass rate outside --solve-rate (or no scored outcome)"
         return None
 
     def sample_reason(self, sample: Sample) -> str | None:

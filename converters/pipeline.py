@@ -132,10 +132,11 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
     writers = _Writers(output, opts.target, opts.shard_bytes, counts)
     seen = SeenSet(output.path("dedupe.sqlite")) if opts.dedupe else None
     progress = _progress(opts.progress)
+    filters = opts.filters.with_pass_rates(root)
     for session in iter_sessions(root, harnesses=set(opts.harnesses) or None):
         counts["sessions_read"] += 1
         progress.update(1)
-        reason = opts.filters.session_reason(session)
+        reason = filters.session_reason(session)
         if reason:
             dropped[reason] += 1
             continue

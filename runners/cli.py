@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from forgerl.analysis.pass_rates import print_table
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
@@ -150,7 +151,10 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
 
             runner.run(todo, writer, on_done=done_one)
     rows = [r for r in outcomes.outcome_rows(out, args.harness, policy_version) if r["task_id"] in {t.id for t in tasks}]
-    print(outcomes.format_table(outcomes.pass_table(rows, args.attempts), args.attempts))
+    table = outcomes.pass_table(rows, args.attempts)
+    print(outcomes.format_table(table, args.attempts))
+    print_table(outcomes.rate_rows(table, args.harness, policy_version),
+                f"pass rates per task (policy {policy_version or '(none)'})")
     return 0
 
 

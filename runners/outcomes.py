@@ -49,6 +49,13 @@ def pass_table(rows: list[dict], k: int) -> list[dict]:
     return table
 
 
+def rate_rows(table: list[dict], harness: str, policy_version: str) -> list[dict]:
+    """`pass_table`'s tasks with a scored attempt, as the rows of `analysis.pass_rates` (forge-run's closing table)."""
+    return [{"task": r["task"], "harness": harness, "policy_version": policy_version or "(none)", "n": r["n"],
+             "passed": r["passed"], "pass_rate": r["passed"] / r["n"], "mean_reward": r["mean_reward"]}
+            for r in table if r["n"]]
+
+
 def format_table(table: list[dict], k: int) -> str:
     cols = ["task", "n", "passed", "infra", "mean_reward", "pass@1", f"pass@{k}", f"pass^{k}"]
     cols = list(dict.fromkeys(cols))  # k == 1: pass@1 once
