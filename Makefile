@@ -14,14 +14,23 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 MINI_VENV := .venv-mini
 MINI_STAMP := $(MINI_VENV)/.installed
 
-.PHONY: demo test bench lock clean browser vllm harnesses
+.PHONY: demo test bench lock clean browser vllm harnesses claweval
 
 $(PY_STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
+	$(MAKE) claweval
 	touch $@
+
+# ClawEval's own package (task models, graders, scoring), from the benchmark folder beside the repo; its
+# dependencies are in requirements.lock. Built from a copy: shared/ is read-only and an in-tree build writes.
+CLAWEVAL := ../shared/benchmarks/claweval
+claweval:
+	test -d $(CLAWEVAL) || { echo "no $(CLAWEVAL): ClawEval tasks will not load"; exit 0; }; \
+	d=$$(mktemp -d) && cp -r $(CLAWEVAL) $$d/claweval && $(BIN)/pip install -q --no-deps $$d/claweval; rc=$$?; \
+	rm -rf $$d; exit $$rc
 
 $(TRAIN_STAMP): $(PY_STAMP) requirements-train.lock
 	$(BIN)/pip install -q -r requirements-train.lock

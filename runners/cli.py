@@ -4,7 +4,8 @@
               [--runner local|kubernetes] [--watch [--policy-version-from FILE|URL]]
 
 TASKS is a task file (QwenClawBench task_*.md or a forgerl *.toml spec), a
-folder of them, or a benchmark folder (tasks/ + assets/). The harness CLI is
+folder of them, a benchmark folder (tasks/ + assets/), or a task kind's
+layout (runners/kinds/: ClawEval, Harbor, web tasks). The harness CLI is
 taken from PATH, else from the project's pinned installs (node_modules/.bin
 on Node 24, .venv-mini/bin); runners/README.md#harnesses says how each is
 configured. --upstream is what it is for `forge-record serve`: the
@@ -39,6 +40,7 @@ from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.schema.store import DatasetWriter
 
 from . import outcomes
+from .grading import Judge
 from .harnesses import HARNESSES, get_harness
 from .policy import PolicyVersionError, PolicyVersionSource
 from .rollout import Rollout
@@ -52,8 +54,22 @@ def _positive(value: str) -> int:
     return int(value)
 
 
+def _tools_help() -> str:
+    """The --help epilog: how ClawEval tasks run, and how each harness is given their tools over MCP."""
+    wiring = "\n".join(f"  {name}: {h.mcp_wiring or 'no MCP client: tasks with MCP tools cannot run in it'}"
+                       for name, h in sorted(HARNESSES.items()))
+    return ("ClawEval (a folder with tasks/*/task.yaml beside mock_services/, one task folder, or a task.yaml): each\n"
+            "rollout starts the task's mock services in its own network namespace (so their fixed ports never\n"
+            "clash), and the harness gets the task's tools from an MCP server named `claweval` (python -m\n"
+            "forgerl.runners.kinds.claweval_mcp TASK_YAML) that calls the services. The task's own grader.py\n"
+            "scores the recorded conversation and the services' audit logs; a trial passes at task score >=\n"
+            "0.75. Tasks needing a simulated user are skipped; those needing the live web are infra_error.\n"
+            "MCP servers per harness:\n" + wiring)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="forge-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="forge-run", description=__doc__, epilog=_tools_help(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("tasks", metavar="TASKS", help="task file, folder of task files, or benchmark folder")
     p.add_argument("--harness", required=True, choices=sorted(HARNESSES),
                    help="harness CLI to run (found on PATH, else in the project's node_modules/.bin or "
@@ -75,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="override every task's timeout")
     p.add_argument("--retries", type=int, default=2, help="retries of an infra failure (default 2)")
     p.add_argument("--task", action="append", default=[], metavar="ID", help="only these task ids (repeatable)")
+    p.add_argument("--judge", default="", metavar="URL", help="an OpenAI-compatible API base for the LLM-judged "
+                   "parts of ClawEval graders (key from FORGE_JUDGE_API_KEY or OPENAI_API_KEY); without it they "
+                   "score 0 and outcomes say 'not graded'")
+    p.add_argument("--judge-model", default="", metavar="M", help="with --judge: the judge's model name")
     p.add_argument("--no-network-isolation", action="store_true",
                    help="local runner: do not put harnesses in a network namespace")
     p.add_argument("--recorder-url", default="", help="use this running recorder instead of starting one "
@@ -105,13 +125,25 @@ def _select(tasks: list[Task], ids: list[str]) -> list[Task]:
     return [t for t in tasks if t.id in ids]
 
 
+def _runnable(tasks: list[Task]) -> list[Task]:
+    """The tasks without a reason to skip them; each skipped one is said on stderr."""
+    for task in tasks:
+        if task.skip:
+            print(f"forge-run: skipping {task.id}: {task.skip}", file=sys.stderr)
+    kept = [t for t in tasks if not t.skip]
+    if not kept:
+        raise UserError("every selected task is skipped (see above)")
+    return kept
+
+
 def _runner(args: argparse.Namespace, recorder_url: str):
     harness = get_harness(args.harness)
     model = args.model or harness.default_model
     if args.runner == "local":
         from .local import LocalRunner
         return LocalRunner(harness, recorder_url, Path(args.out), parallel=args.parallel, retries=args.retries,
-                           isolate_network=not args.no_network_isolation, model=model, timeout_s=args.timeout)
+                           isolate_network=not args.no_network_isolation, model=model, timeout_s=args.timeout,
+                           judge=Judge(args.judge, args.judge_model) if args.judge else None)
     from .kubernetes import KubernetesRunner, api_client, load_template
     template = load_template(Path(args.pod_template)) if args.pod_template else load_template()
     return KubernetesRunner(harness, recorder_url, api_client(args.kube_api, args.kubeconfig),
@@ -151,8 +183,8 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
 
             runner.run(todo, writer, on_done=done_one)
     rows = [r for r in outcomes.outcome_rows(out, args.harness, policy_version) if r["task_id"] in {t.id for t in tasks}]
-    table = outcomes.pass_table(rows, args.attempts)
-    print(outcomes.format_table(table, args.attempts))
+    table = outcomes.pass_table(rows, args.attempts, {t.id: t for t in tasks})
+    print(outcomes.format_table(table, args.attempts, outcomes.pass_rules(tasks)))
     print_table(outcomes.rate_rows(table, args.harness, policy_version),
                 f"pass rates per task (policy {policy_version or '(none)'})")
     return 0
@@ -192,7 +224,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
     if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):
         raise UserError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
-    tasks = _select(load_tasks(args.tasks), args.task)
+    if bool(args.judge) != bool(args.judge_model):
+        raise UserError("--judge URL and --judge-model M go together")
+    tasks = _runnable(_select(load_tasks(args.tasks), args.task))
     get_harness(args.harness).find()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     return watch(args, tasks) if args.watch else run_round(args, tasks, "")

@@ -22,6 +22,9 @@ process group to kill), then the job's answer, a line each:
   slot is still busy, and start its harness at once when the slot frees.
 - `{"job": "grade", "code", "transcript", "workspace"}`: `{"ok": true,
   "scores": {...}}` or `{"ok": false, "error": "..."}`.
+- `{"job": "call", "function": "module:name", "args": {...}, "cwd"}`: the
+  function called with `args` in `cwd` (how a task kind runs its benchmark's
+  own grader): `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`.
 """
 
 from __future__ import annotations
@@ -116,7 +119,16 @@ class Forked:
 
 def fork_grade(request: dict, timeout: float) -> dict:
     """The child's answer to `request` ({"code", "transcript", "workspace"}); ForkError past `timeout` s."""
-    job = Forked({"job": "grade", **request})
+    return _answer_within(Forked({"job": "grade", **request}), timeout)
+
+
+def fork_call(function: str, args: dict, cwd: str, timeout: float) -> dict:
+    """`function` ("module:name", JSON in and out) called with `args` in a child working in `cwd`: its answer
+    ({"ok": true, "result"} or {"ok": false, "error"}); ForkError past `timeout` s."""
+    return _answer_within(Forked({"job": "call", "function": function, "args": args, "cwd": cwd}), timeout)
+
+
+def _answer_within(job: Forked, timeout: float) -> dict:
     try:
         answer = job.answer(timeout)
         if answer is None:
@@ -130,17 +142,34 @@ def fork_grade(request: dict, timeout: float) -> dict:
 # ------------------------------------------------------------------ the server
 
 
+def _quietly_in(cwd: str) -> None:
+    """Work in `cwd` with stdout and stderr discarded (a grader's prints must not reach the socket)."""
+    os.chdir(cwd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+
+
 def _grade(request: dict, fds: list[int], conn: socket.socket) -> dict:
     """Grade in the workspace, its prints discarded."""
     from .grading import run_grade
 
     try:
-        os.chdir(request["workspace"])
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
+        _quietly_in(request["workspace"])
         return {"ok": True, "scores": run_grade(request["code"], request["transcript"], request["workspace"])}
     except BaseException as e:  # noqa: BLE001 - whatever grade() raises is the grader's failure, reported
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def _call(request: dict, fds: list[int], conn: socket.socket) -> dict:
+    """Call the named function in `cwd`, its prints discarded."""
+    import importlib
+
+    try:
+        _quietly_in(request["cwd"])
+        module, name = request["function"].split(":")
+        return {"ok": True, "result": getattr(importlib.import_module(module), name)(**request["args"])}
+    except BaseException as e:  # noqa: BLE001 - whatever the task's grader raises is its failure, reported
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
 
 
@@ -156,7 +185,7 @@ def _jail(request: dict, fds: list[int], conn: socket.socket) -> dict:
     return {"returncode": run_confined(JailSpec(**request), stdout, stderr, conn, ready)}
 
 
-JOBS = {"grade": _grade, "jail": _jail}
+JOBS = {"grade": _grade, "call": _call, "jail": _jail}
 
 
 def _child(conn: socket.socket) -> None:

@@ -40,6 +40,15 @@ class GradingError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Judge:
+    """An OpenAI-compatible LLM judge (`forge-run --judge URL --judge-model M`); its key is read from
+    FORGE_JUDGE_API_KEY, else OPENAI_API_KEY, when it is called (never stored)."""
+
+    url: str  # the API base, e.g. http://host:8000/v1
+    model: str
+
+
+@dataclass(frozen=True)
 class GradeInput:
     """What a task's `score` may read about one finished rollout (its recorded calls are durable by then).
 
@@ -53,6 +62,7 @@ class GradeInput:
     final_answer: str | None = None  # the harness's last answer to the user, from its own output
     service_state: dict[str, object] = field(default_factory=dict)  # service name -> what its state endpoints returned
     verdict: Verdict | None = None  # what a verifier run after the agent left (`verifier.py`), if the task has one
+    judge: Judge | None = None  # for the LLM-judged parts of a grade; None: they are reported as not graded
 
     @cached_property
     def messages(self) -> list[Message]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from .bridge import forward, tcp_connector, unix_connector, unix_listener
 from .mountns import enter_root
+from .services import ServiceStage
 from .verifier import VerifierStage, run_stage, snapshot
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
@@ -61,6 +62,10 @@ class JailSpec:
     binds: list[list[str]] = field(default_factory=list)
     harness_timeout_s: float = 0.0
     verifier: dict | None = None
+    # Optional stage (`services.py`): the task's services (Service.to_json), started by PID 1 before the harness;
+    # their state endpoints are read into `state_file` afterwards. Needs the namespaces (a bridge).
+    services: list[dict] = field(default_factory=list)
+    state_file: str = ""
 
 
 def loopback_up() -> None:
@@ -197,6 +202,24 @@ def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, re
     dns_fails_fast()
     listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
     forward(listener, unix_connector(spec.bridge_unix))
+    return _with_services(spec, lambda: _confined_run(spec, stdout, stderr, runner, ready))
+
+
+def _with_services(spec: JailSpec, body: Callable[[], int]) -> int:
+    """`body` with the task's services up (`services.ServiceStage`); 127, the harness never started, if one is not."""
+    if not spec.services:
+        return body()
+    stage = ServiceStage(spec.services, spec.state_file)
+    if not stage.start():
+        return 127
+    try:
+        return body()
+    finally:
+        stage.finish()
+
+
+def _confined_run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool]) -> int:
+    """The harness (and verifier) in the namespaces, in the rollout's own root where it has one."""
     if spec.root:
         enter_root(spec.root, [(target, source) for target, source in spec.binds])
     if spec.verifier is None:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .grading import GradeInput
+from .grading import GradeInput, Judge
 from .harnesses import Harness, RunContext
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, grade_session, now, prepare_workspace
 from .sandbox import Sandbox
@@ -42,6 +42,7 @@ class LocalRunner(BatchRunner):
     timeout_s: float | None = None  # overrides every task's own timeout
     name: str = "local"
     workdir: Path | None = None  # where rollout temp dirs go (default: the system's temp dir)
+    judge: Judge | None = None  # for graders with LLM-judged parts (ClawEval)
     exe: str = ""  # the harness CLI, found when a batch starts
     pipelined = True
 
@@ -70,13 +71,14 @@ class LocalRunner(BatchRunner):
         cwd = Path(layout.workdir) if layout else workspace
         agent_s = self.timeout_s or task.timeout_s
         with Sandbox(tmp, self.recorder_url, self.isolate_network) as sandbox:
-            ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, self.model, dict(self.env))
-            argv, harness_env = self.harness.command(self.exe, ctx)
+            ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, self.model, dict(self.env),
+                             mcp_servers=task.mcp_servers)
+            argv, harness_env = self.harness.full_command(self.exe, ctx)
             env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | (layout.env if layout else {})
             env |= harness_env
             try:  # confined before a harness slot frees, so the harness starts the moment one does
                 sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
-                                harness_timeout_s=agent_s)
+                                harness_timeout_s=agent_s, services=task.services)
                 timings["setup"] = round(time.monotonic() - clock, 4)
                 clock = time.monotonic()
                 with self.harness_slot:
@@ -91,7 +93,8 @@ class LocalRunner(BatchRunner):
         timings["harness"] = round(result.seconds, 4)
         clock = time.monotonic()
         final_answer = self.harness.final_answer(result.stdout, ctx)
-        run = GradeInput(self.dataset, session, workspace, final_answer, verdict=verdict)
+        run = GradeInput(self.dataset, session, workspace, final_answer, verdict=verdict,
+                         service_state=sandbox.service_state().get("services", {}), judge=self.judge)
         scores = grade_session(task, run, self.recorder_url)
         timings["grade"] = round(time.monotonic() - clock, 4)
         extra = {"final_answer": final_answer,

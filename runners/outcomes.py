@@ -1,10 +1,12 @@
 """Outcomes already in the dataset: what a resumed run skips, and the pass@k / pass^k table.
 
 pass@k and pass^k come from `forgerl.analysis.reliability` (the project's one
-implementation). A run passes only at reward 1.0; infra failures are not
-attempts. Every shipped QwenClawBench task is hybrid: without an LLM judge the
-reward is the automated part only, so these numbers do not compare with
-published QwenClawBench totals.
+implementation). Whether a run passed is its benchmark's rule, stored per
+outcome row (`Task.passes`): QwenClawBench and forgerl TOML tasks at reward
+1.0, ClawEval at task score >= 0.75. Infra failures are not attempts; for
+benchmarks that count missing trials as failed (ClawEval's `score_summary.py`
+does), a task with fewer than k scored attempts is padded with failures up to
+k. The table's footer states each benchmark's rule.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from forgerl.analysis.reliability import pass_at_k, pass_pow_k
+from forgerl.analysis.reliability import counting_missing, pass_at_k, pass_pow_k
 from forgerl.schema.store import MANIFEST, read_table
+
+from .tasks import Task
 
 FINISHED = ("success", "failed", "timeout")
 
@@ -32,8 +36,9 @@ def finished(root: Path, harness: str, policy_version: str) -> set[tuple[str, in
             if r["status"] in FINISHED}
 
 
-def pass_table(rows: list[dict], k: int) -> list[dict]:
-    """Per task: n scored attempts, c passed, mean reward, pass@1, pass@k, pass^k (None when n < k)."""
+def pass_table(rows: list[dict], k: int, tasks: dict[str, Task] | None = None) -> list[dict]:
+    """Per task: n scored attempts, c passed, mean reward, pass@1, pass@k, pass^k (None when n < k, unless the
+    task's benchmark counts missing trials as failed)."""
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_task[r["task_id"]].append(r)
@@ -41,12 +46,19 @@ def pass_table(rows: list[dict], k: int) -> list[dict]:
     for task, runs in sorted(by_task.items()):
         scored = [r for r in runs if r["status"] in FINISHED]
         n, c = len(scored), sum(bool(r["passed"]) for r in scored)
+        pad = tasks is not None and task in tasks and tasks[task].missing_trials_fail
+        trials = counting_missing(n, k) if pad else n
         table.append({"task": task, "n": n, "passed": c, "infra": len(runs) - n,
                       "mean_reward": sum(r["reward"] for r in scored) / n if n else None,
                       "pass@1": pass_at_k(n, c, 1) if n else None,
-                      f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
-                      f"pass^{k}": pass_pow_k(n, c, k) if n >= k else None})
+                      f"pass@{k}": pass_at_k(trials, c, k) if trials >= k else None,
+                      f"pass^{k}": pass_pow_k(trials, c, k) if trials >= k else None})
     return table
+
+
+def pass_rules(tasks: list[Task]) -> list[str]:
+    """One line per benchmark among `tasks`: when a run passes, and what else its numbers mean."""
+    return list(dict.fromkeys(f"{type(t).benchmark}: {type(t).pass_rule}" for t in tasks))
 
 
 def rate_rows(table: list[dict], harness: str, policy_version: str) -> list[dict]:
@@ -56,7 +68,7 @@ def rate_rows(table: list[dict], harness: str, policy_version: str) -> list[dict
             for r in table if r["n"]]
 
 
-def format_table(table: list[dict], k: int) -> str:
+def format_table(table: list[dict], k: int, rules: list[str] = ()) -> str:
     cols = ["task", "n", "passed", "infra", "mean_reward", "pass@1", f"pass@{k}", f"pass^{k}"]
     cols = list(dict.fromkeys(cols))  # k == 1: pass@1 once
 
@@ -67,6 +79,4 @@ def format_table(table: list[dict], k: int) -> str:
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
-    lines.append("reward = automated checks only (no LLM judge configured): not comparable with published "
-                 "QwenClawBench totals")
-    return "\n".join(lines)
+    return "\n".join([*lines, *rules])

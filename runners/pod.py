@@ -59,8 +59,9 @@ def run_pod(env: dict[str, str]) -> dict:
         prepare_workspace(task, workspace)
         with Sandbox(work, env["FORGE_RECORDER_URL"], isolate_network=False) as sandbox:
             keys = {k: v for k, v in env.items() if k in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
-            ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, env.get("FORGE_MODEL", ""), keys)
-            argv, harness_env = harness.command(harness.find(), ctx)
+            ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, env.get("FORGE_MODEL", ""), keys,
+                             mcp_servers=task.mcp_servers)
+            argv, harness_env = harness.full_command(harness.find(), ctx)
             run_env = {k: env[k] for k in PASSTHROUGH_ENV if k in env} | harness_env
             sandbox.confine(argv, run_env, workspace, cpu_s=task.cpu_s, memory_mb=task.memory_mb)
             result = sandbox.run(float(env.get("FORGE_TIMEOUT_S") or task.timeout_s))

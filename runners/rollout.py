@@ -55,7 +55,9 @@ class Rollout:
 
 
 def prepare_workspace(task: Task, workspace: Path) -> None:
-    """Copy the task's files into an empty workspace."""
+    """Copy the task's files into an empty workspace (InfraError for a task that cannot run here)."""
+    if task.unavailable:
+        raise InfraError(f"task {task.id} cannot run here: {task.unavailable}")
     workspace.mkdir(parents=True, exist_ok=True)
     try:
         for f in task.files:

@@ -37,11 +37,13 @@ from urllib.parse import urlsplit
 
 from .forkserver import Forked, ForkError
 from .jail import JailSpec
+from .services import Service, read_state
 from .verifier import Layout
 
 BRIDGE_PORT = 8787  # inside the rollout's own network namespace, any port is free
 KILL_GRACE_S = 2.0
 CONFINE_TIMEOUT_S = 30.0
+SERVICE_STATE = "services.json"  # in the rollout's temp dir
 UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
 
 
@@ -134,7 +136,8 @@ class Sandbox:
         self.release()
 
     def confine(self, argv: list[str], env: dict[str, str], cwd: Path, *, cpu_s: int, memory_mb: int,
-                layout: Layout | None = None, harness_timeout_s: float = 0.0) -> None:
+                layout: Layout | None = None, harness_timeout_s: float = 0.0,
+                services: tuple[Service, ...] = ()) -> None:
         """Make the jail (namespaces, bridge, cgroup) and leave it waiting for `run`: OSError if it cannot.
 
         A `layout` (fixed paths in a mount namespace, a verifier after the harness) needs the namespaces;
@@ -151,13 +154,32 @@ class Sandbox:
             vars(spec).update(layout.jail_fields())
             self.enforced.append(f"mount namespace: {', '.join(t for t, _ in layout.binds)} of the rollout's own"
                                  + ("; verifier after the agent, in a fresh /logs/verifier" if layout.verifier else ""))
+        wait_s = CONFINE_TIMEOUT_S + self._services(spec, services)
         with open(self.tmp / "stdout.log", "wb") as out, open(self.tmp / "stderr.log", "wb") as err:
             self._job = Forked({"job": "jail", **asdict(spec)}, [out.fileno(), err.fileno()])
         try:
-            if self._job.answer(CONFINE_TIMEOUT_S) != {"ready": True}:
-                raise OSError(f"the jail was not ready after {CONFINE_TIMEOUT_S:.0f} s")
+            if self._job.answer(wait_s) != {"ready": True}:
+                raise OSError(self.service_state().get("error") or f"the jail was not ready after {wait_s:.0f} s")
         except ForkError as e:
             raise OSError(f"the jail died before the harness started: {e}") from None
+
+    def _services(self, spec: JailSpec, services: tuple[Service, ...]) -> float:
+        """Put the task's services into the jail's spec (they need its network namespace); the seconds they may
+        take to come up."""
+        if not services:
+            return 0.0
+        if not self.netns:
+            raise OSError(f"this task's services ({', '.join(s.name for s in services)}) need a network namespace "
+                          "of the rollout's own, so their fixed ports never clash, and "
+                          + ("network isolation is off" if not self.isolate_network else "unshare fails here"))
+        spec.services = [s.to_json() for s in services]
+        spec.state_file = str(self.tmp / SERVICE_STATE)
+        self.enforced.append(f"services in the rollout's network namespace: {', '.join(s.name for s in services)}")
+        return sum(s.ready_timeout_s for s in services)
+
+    def service_state(self) -> dict:
+        """What the services stage wrote: {"services": {name: {path: JSON}}}, {"error": why} or {} (none)."""
+        return read_state(self.tmp / SERVICE_STATE)
 
     def run(self, timeout_s: float) -> Result:
         """Start the confined harness; run it to completion or timeout, then kill what is left and release."""

@@ -46,6 +46,8 @@ import yaml
 from forgerl.errors import UserError
 
 from .grading import GradeInput, Reward, combine, grade_workspace
+from .harnesses.base import McpServer
+from .services import Service
 from .verifier import Layout
 
 DEFAULT_TIMEOUT_S = 1800
@@ -75,9 +77,16 @@ class Task:
     grading_type: str = "automated"
     cpu_s: int = DEFAULT_CPU_S
     memory_mb: int = DEFAULT_MEMORY_MB
+    services: tuple[Service, ...] = ()  # started in the rollout's network namespace before the harness
+    mcp_servers: tuple[McpServer, ...] = ()  # offered to the harness through its own MCP config
+    unavailable: str = ""  # why it cannot run here: each rollout is an infra_error with this reason, never a 0
+    skip: str = ""  # why forge-run leaves it out (said when it does)
 
     benchmark: ClassVar[str] = "QwenClawBench"  # named in pass@k tables beside its pass rule
     pass_threshold: ClassVar[float] = 1.0  # a trial passes at reward >= this (QwenClawBench: only 1.0)
+    missing_trials_fail: ClassVar[bool] = False  # pass@k / pass^k count a task's missing trials as failed
+    pass_rule: ClassVar[str] = ("passes at reward 1.0; reward = automated checks only (no LLM judge configured): "
+                                "not comparable with published QwenClawBench totals")
 
     def score(self, run: GradeInput) -> dict[str, float]:
         """Per-check scores of one finished rollout: by default `grade(transcript, workspace)` in a child."""

@@ -30,6 +30,15 @@ def find_cli(name: str) -> str:
     return found
 
 
+@dataclass(frozen=True)
+class McpServer:
+    """A stdio MCP server the harness should start and offer its model the tools of (`RunContext.mcp_servers`)."""
+
+    name: str  # the server's name in the harness's config; harnesses prefix tool names with it
+    command: tuple[str, ...]  # argv
+    env: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class RunContext:
     """One rollout as a harness sees it."""
@@ -41,6 +50,7 @@ class RunContext:
     session: str
     model: str = ""
     env: dict[str, str] = field(default_factory=dict)  # extra environment (API keys) from the user
+    mcp_servers: tuple[McpServer, ...] = ()  # each adapter writes them into its harness's own MCP config
 
 
 @dataclass
@@ -51,6 +61,7 @@ class Harness:
     cli: str = ""
     api: str = ""  # the wire API it speaks: anthropic | responses | chat
     default_model: str = ""  # what `forge-run` passes when no --model is given ("": the harness's own choice)
+    mcp_wiring: str = ""  # how `mcp` gives it MCP servers, for --help ("": it has no MCP client)
 
     def find(self) -> str:
         return find_cli(self.cli)
@@ -58,6 +69,16 @@ class Harness:
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         """argv and the environment additions for one headless run."""
         raise NotImplementedError
+
+    def full_command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        """`command`, with the rollout's MCP servers (`ctx.mcp_servers`) wired into the harness's own config."""
+        argv, env = self.command(exe, ctx)
+        return self.mcp(argv, env, ctx) if ctx.mcp_servers else (argv, env)
+
+    def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        """`argv` and `env` with `ctx.mcp_servers` given to the harness; adapters of harnesses with MCP override it."""
+        raise HarnessError(f"{self.name} has no MCP client, and this task's tools come as MCP servers "
+                           f"({', '.join(s.name for s in ctx.mcp_servers)})")
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         """The harness's last answer to the user."""

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from forgerl.recorder.launch import harness_env
 
-from .base import Harness, RunContext, base_env, key_or_placeholder
+from .base import Harness, RunContext, base_env, key_or_placeholder, write_config
+from .mcp import STARTUP_TIMEOUT_S, claude_code_config
 
 
 @dataclass
@@ -25,6 +26,8 @@ class ClaudeCode(Harness):
     name: str = "claude-code"
     cli: str = "claude"
     api: str = "anthropic"
+    mcp_wiring: str = ("--strict-mcp-config --mcp-config FILE ({mcpServers: {NAME: {type: stdio, command, args, env}}}), "
+                       "MCP_CONNECTION_NONBLOCKING=0, MCP_CONNECT_TIMEOUT_MS")
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         argv = [exe, "-p", ctx.prompt, "--output-format", "json", "--dangerously-skip-permissions"]
@@ -34,6 +37,14 @@ class ClaudeCode(Harness):
                "ANTHROPIC_API_KEY": key_or_placeholder(ctx, "ANTHROPIC_API_KEY", "sk-ant-forgerl-placeholder"),
                "DISABLE_AUTOUPDATER": "1"}
         return argv, env
+
+    def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        write_config(ctx, "mcp.json", json.dumps(claude_code_config(ctx.mcp_servers), indent=2))
+        # Connected before the first model call (by default -p mode connects in the background, so the first
+        # call may go out without the servers' tools), with a start-up timeout a Python server can meet.
+        blocking = {"MCP_CONNECTION_NONBLOCKING": "0", "MCP_CONNECT_TIMEOUT_MS": str(STARTUP_TIMEOUT_S * 1000),
+                    "MCP_TIMEOUT": str(STARTUP_TIMEOUT_S * 1000)}
+        return [*argv, "--strict-mcp-config", "--mcp-config", str(ctx.home / "mcp.json")], {**env, **blocking}
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from forgerl.recorder.launch import codex_overrides, harness_env
 
 from .base import Harness, RunContext, openai_env
+from .mcp import codex_overrides as mcp_overrides
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Codex(Harness):
     cli: str = "codex"
     api: str = "responses"
     default_model: str = "gpt-5.4"
+    mcp_wiring: str = "-c mcp_servers.NAME.command=... -c mcp_servers.NAME.args=[...] -c mcp_servers.NAME.env={...}"
 
     def _home(self, ctx: RunContext) -> Path:
         return ctx.home / ".codex"
@@ -45,6 +47,9 @@ class Codex(Harness):
                 "-m", ctx.model or self.default_model]
         env = {**harness_env(ctx.base_url, ctx.session), **openai_env(ctx), "CODEX_HOME": str(self._home(ctx))}
         return [*argv, ctx.prompt], env
+
+    def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        return [*argv[:2], *mcp_overrides(ctx.mcp_servers), *argv[2:]], env  # after `codex exec`
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         path = self._last_message(ctx)

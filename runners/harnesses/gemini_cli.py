@@ -25,6 +25,7 @@ from pathlib import Path
 from forgerl.recorder.launch import gemini_env
 
 from .base import Harness, RunContext, base_env, key_or_placeholder
+from .mcp import gemini_settings, merged_into
 
 
 @dataclass
@@ -33,11 +34,16 @@ class GeminiCli(Harness):
     cli: str = "gemini"
     api: str = "gemini"
     default_model: str = "gemini-2.5-pro"
+    mcp_wiring: str = "mcpServers in $GEMINI_CLI_HOME/.gemini/settings.json ({command, args, env, trust: true})"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         argv = [exe, "--yolo", "--output-format", "json", "-m", ctx.model or self.default_model, "-p", ctx.prompt]
         env = {**gemini_env(ctx.base_url, ctx.session, ctx.home), **base_env(ctx),
                "GEMINI_API_KEY": key_or_placeholder(ctx, "GEMINI_API_KEY", "forgerl-placeholder-key")}
+        return argv, env
+
+    def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        merged_into(Path(env["GEMINI_CLI_HOME"]) / ".gemini" / "settings.json", gemini_settings(ctx.mcp_servers))
         return argv, env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:

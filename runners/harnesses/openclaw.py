@@ -22,6 +22,7 @@ from pathlib import Path
 from forgerl.recorder.launch import openclaw_env
 
 from .base import Harness, RunContext, openai_env
+from .mcp import merged_into, openclaw_config
 from .sqlite_transcript import sqlite_transcript
 
 EVENTS = "SELECT event_json FROM transcript_events WHERE event_json IS NOT NULL ORDER BY session_id, seq"
@@ -33,6 +34,7 @@ class OpenClaw(Harness):
     cli: str = "openclaw"
     api: str = "chat"
     default_model: str = "gpt-5.4"
+    mcp_wiring: str = "mcp.servers in openclaw.json ($OPENCLAW_CONFIG_PATH; {command, args, env})"
 
     def _state(self, ctx: RunContext) -> Path:
         return ctx.home / ".openclaw"
@@ -41,6 +43,10 @@ class OpenClaw(Harness):
         model = ctx.model or self.default_model
         env = {**openclaw_env(ctx.base_url, ctx.session, model, ctx.workspace, self._state(ctx)), **openai_env(ctx)}
         return [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt, "--json"], env
+
+    def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        merged_into(Path(env["OPENCLAW_CONFIG_PATH"]), openclaw_config(ctx.mcp_servers))
+        return argv, env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         try:

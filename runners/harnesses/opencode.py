@@ -21,6 +21,7 @@ from pathlib import Path
 from forgerl.recorder.launch import opencode_env
 
 from .base import Harness, RunContext, openai_env
+from .mcp import opencode_config
 from .sqlite_transcript import sqlite_transcript
 
 MESSAGES = ("SELECT json_set(m.data, '$.id', m.id, '$.parts', json_group_array(json(p.data))) FROM message m "
@@ -33,11 +34,16 @@ class OpenCode(Harness):
     cli: str = "opencode"
     api: str = "chat"
     default_model: str = "gpt-5.4"
+    mcp_wiring: str = "mcp in OPENCODE_CONFIG_CONTENT ({NAME: {type: local, command: [...], environment}})"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ctx.model or self.default_model
         env = {**opencode_env(ctx.base_url, ctx.session, model, ctx.home / ".config", ctx.workspace), **openai_env(ctx)}
         return [exe, "run", "--format", "json", "--title", ctx.session, ctx.prompt], env
+
+    def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        config = {**json.loads(env["OPENCODE_CONFIG_CONTENT"]), **opencode_config(ctx.mcp_servers)}
+        return argv, {**env, "OPENCODE_CONFIG_CONTENT": json.dumps(config)}
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         texts: dict[str, list[str]] = {}

@@ -19,6 +19,7 @@ from pathlib import Path
 from forgerl.recorder.launch import qwen_code
 
 from .base import Harness, RunContext, openai_env
+from .mcp import gemini_settings, merged_into
 
 
 @dataclass
@@ -26,12 +27,17 @@ class QwenCode(Harness):
     name: str = "qwen-code"
     cli: str = "qwen"
     api: str = "chat"
+    mcp_wiring: str = "mcpServers in ~/.qwen/settings.json ({command, args, env, trust: true})"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ["-m", ctx.model] if ctx.model else []
         aimed = qwen_code([exe, "--yolo", "--output-format", "json", *model, ctx.prompt], ctx.base_url, ctx.session,
                           ctx.home)
         return aimed.argv, {**aimed.env, **openai_env(ctx), "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
+
+    def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        merged_into(ctx.home / ".qwen" / "settings.json", gemini_settings(ctx.mcp_servers))
+        return argv, env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         try:

@@ -1,9 +1,28 @@
 """ClawEval tasks (`tasks/<id>/task.yaml` + `grader.py` + `fixtures/`, with `mock_services/` beside `tasks/`).
 
 A task is loaded with ClawEval's own `TaskDefinition` (the `claw_eval`
-package, installed from the benchmark folder). Its `sandbox_files` are
-copied into the workspace at the same relative paths (where ClawEval's
-sandbox puts them, under `/workspace`).
+package, installed from the benchmark folder). A rollout of it
+
+* copies its `sandbox_files` into the workspace at the same relative paths
+  (where ClawEval's sandbox puts them, under `/workspace`);
+* starts its `services` (the FastAPI mock services, run from the benchmark
+  folder) in the rollout's own network namespace (`runners/services.py`),
+  waits on each health check (at least `MIN_READY_S`: a busy machine is not
+  a failed task) and POSTs its reset endpoint; afterwards each service's
+  `/audit` (beside its reset endpoint, as ClawEval's loop finds it) is read;
+* gives the harness the task's `tools` as an MCP server named `claweval`
+  (`claweval_mcp.py`) that calls the task's `tool_endpoints`;
+* is graded by the task's own `grader.py` in a forked child
+  (`claweval_grade.py`): `AbstractGrader.grade(messages, dispatches, task,
+  audit_data, judge, ...)` on the recorded conversation, then
+  `compute_task_score`. The outcome keeps the dimension scores beside the
+  task score; a trial passes at task score >= 0.75 (`is_pass`).
+
+Tasks that cannot run here load all the same and become `infra_error` with
+the reason (never a 0): those whose services call the live web
+(`mock_services/web_real*`), whose fixtures this copy lacks, or that need a
+sandbox snapshot (`env_snapshot_*`). Tasks with a `user_agent` persona need a
+simulated user, which forge-run does not provide: they are skipped, and said so.
 
 Accepted paths: the benchmark folder (holding `tasks/*/task.yaml`), one
 task's folder, or its `task.yaml`.
@@ -11,17 +30,29 @@ task's folder, or its `task.yaml`.
 
 from __future__ import annotations
 
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
+from ..forkserver import ForkError, fork_call
+from ..grading import GRADER_TIMEOUT_S, NOT_GRADED, GradeInput, GradingError, Reward
+from ..harnesses.base import McpServer
+from ..services import Service
 from ..tasks import Task, TaskError, WorkspaceFile
 
 if TYPE_CHECKING:
-    from claw_eval.models.task import TaskDefinition
+    from claw_eval.models.task import ServiceDef, TaskDefinition
 
 TASK_FILE = "task.yaml"
 INSTALL_HINT = "pip install a copy of the ClawEval folder (`make test` installs ../shared/benchmarks/claweval)"
+MIN_READY_S = 30.0
+JUDGED_GRADE_TIMEOUT_S = 900  # a grader may ask the judge a dozen times
+LIVE_WEB = "mock_services/web_real"
+DIMENSIONS = ("completion", "robustness", "communication", "safety")
+NOT_JUDGED = "judge_calls_not_graded"  # score key: judge calls answered 0 because no --judge was given
 
 
 @dataclass(frozen=True)
@@ -30,10 +61,44 @@ class ClawEvalTask(Task):
 
     definition: Any = None  # claw_eval.models.task.TaskDefinition (pydantic; the package is imported lazily)
     root: Path = Path()  # the benchmark folder: service commands and fixture paths are relative to it
-    task_dir: Path = Path()
 
     benchmark: ClassVar[str] = "ClawEval"
-    pass_threshold: ClassVar[float] = 0.75  # claw_eval.models.scoring.is_pass's default threshold
+    pass_threshold: ClassVar[float] = 0.75  # claw_eval.models.scoring.is_pass's threshold
+    missing_trials_fail: ClassVar[bool] = True  # score_summary.py pads each task's trials with 0
+    pass_rule: ClassVar[str] = ("passes at task score >= 0.75 (compute_task_score); missing trials count 0, as "
+                                "score_summary.py counts them; without --judge its LLM-judged parts score 0 "
+                                "(outcomes.graded says llm_judge: not graded)")
+
+    def score(self, run: GradeInput) -> dict[str, float]:
+        """The task's own grader on the recording: the dimension scores, `task_score`, and how many judge calls
+        went ungraded."""
+        args = {"task_file": str(self.path), "tasks_dir": str(self.root / "tasks"), "dataset": str(run.dataset),
+                "session": run.session, "audit": self.audit_data(run.service_state),
+                "judge": [run.judge.url, run.judge.model] if run.judge else None}
+        timeout = JUDGED_GRADE_TIMEOUT_S if run.judge else GRADER_TIMEOUT_S
+        try:
+            answer = fork_call("forgerl.runners.kinds.claweval_grade:grade", args, str(run.workspace), timeout)
+        except ForkError as e:
+            raise GradingError(f"grader.py {e}") from None
+        if not answer["ok"]:
+            raise GradingError(f"grader.py failed: {answer['error']}")
+        return answer["result"]
+
+    def reward(self, scores: dict[str, float]) -> Reward:
+        """The task score (`compute_task_score`); `graded` keeps the dimensions and says when the judge was not."""
+        graded: dict = {d: scores[d] for d in DIMENSIONS if d in scores}
+        graded["llm_judge"] = NOT_GRADED if scores.get(NOT_JUDGED) else "graded"
+        return Reward(reward=scores["task_score"], graded=graded)
+
+    def audit_data(self, service_state: dict) -> dict[str, dict]:
+        """`audit_data` as ClawEval's trace holds it: each service's `/audit` answer by service name."""
+        audit: dict[str, dict] = {}
+        for service in self.services:
+            for path in service.state_paths:
+                answer = (service_state.get(service.name) or {}).get(path)
+                if isinstance(answer, dict):
+                    audit[service.name] = answer
+        return audit
 
 
 def _task_definition_class() -> type[TaskDefinition]:
@@ -65,6 +130,35 @@ def _benchmark_root(task_dir: Path) -> Path:
     return root
 
 
+def _service(svc: ServiceDef, root: Path, where: Path) -> Service:
+    """A ClawEval `ServiceDef` as a sandbox service: run from the benchmark folder, `python` being ours."""
+    argv = shlex.split(svc.command)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    health = urlsplit(svc.health_check)
+    if health.hostname not in ("localhost", "127.0.0.1") or health.port != svc.port:
+        raise TaskError(f"{where}: service {svc.name!r} health check {svc.health_check} is not on its port {svc.port}")
+    reset = urlsplit(svc.reset_endpoint).path if svc.reset_endpoint else ""
+    audit = reset.rsplit("/reset", 1)[0] + "/audit" if reset else ""
+    return Service(name=svc.name, argv=tuple(argv), port=svc.port, cwd=str(root), env=dict(svc.env),
+                   health_path=health.path or "/", health_method=svc.health_check_method.upper(),
+                   ready_timeout_s=max(float(svc.ready_timeout), MIN_READY_S), reset_path=reset,
+                   state_paths=(audit,) if audit else ())
+
+
+def _unavailable(definition: TaskDefinition, files: tuple[WorkspaceFile, ...]) -> str:
+    """Why this task cannot run here ("" if it can)."""
+    web = [s.name for s in definition.services if LIVE_WEB in s.command]
+    if web:
+        return f"needs the live web (service {', '.join(web)} runs {LIVE_WEB}*), which rollouts cannot reach"
+    missing = [str(f.dest) for f in files if not f.source.exists()]
+    if missing:
+        return f"fixtures missing from this copy of ClawEval: {', '.join(missing)}"
+    if definition.env_snapshot_files or definition.env_snapshot_commands:
+        return "its grader reads a sandbox snapshot (env_snapshot_files/commands), which forge-run does not take"
+    return ""
+
+
 def load_one(task_file: Path) -> ClawEvalTask:
     definition_class = _task_definition_class()
     try:
@@ -72,10 +166,16 @@ def load_one(task_file: Path) -> ClawEvalTask:
     except Exception as e:  # noqa: BLE001 - yaml and pydantic errors alike: a task file the user must fix
         raise TaskError(f"{task_file}: {str(e).splitlines()[0]}") from None
     task_dir = task_file.parent.resolve()
+    root = _benchmark_root(task_dir)
     files = tuple(WorkspaceFile(task_dir / rel, rel) for rel in definition.sandbox_files)
-    return ClawEvalTask(id=definition.task_id, prompt=definition.prompt.text, grader="", path=task_file,
+    mcp = McpServer("claweval", (sys.executable, "-m", "forgerl.runners.kinds.claweval_mcp", str(task_file.resolve())))
+    skip = "needs a simulated user (user_agent persona), and forge-run has no user model" \
+        if definition.user_agent.enabled else ""
+    return ClawEvalTask(id=definition.task_id, prompt=definition.prompt.text, grader="", path=task_file.resolve(),
                         files=files, timeout_s=float(definition.environment.timeout_seconds),
-                        definition=definition, root=_benchmark_root(task_dir), task_dir=task_dir)
+                        services=tuple(_service(s, root, task_file) for s in definition.services),
+                        mcp_servers=(mcp,) if definition.tools else (), unavailable=_unavailable(definition, files),
+                        skip=skip, definition=definition, root=root)
 
 
 def load(path: Path) -> list[Task]:
