@@ -13,6 +13,8 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 MINI_VENV := .venv-mini
 MINI_STAMP := $(MINI_VENV)/.installed
+VL_SITE := $(VENV)/vl-site
+VL_STAMP := $(VL_SITE)/.installed
 
 .PHONY: demo test bench lock clean browser vllm harnesses claweval
 
@@ -40,6 +42,14 @@ $(TRAIN_STAMP): $(PY_STAMP) requirements-train.lock
 # 0.32.0 wants transformers>=5.16.1, which clashes with verl. Installed with
 # --no-deps from its lock, which leaves out PyPI torchvision (it breaks against
 # torch 2.13+cpu: "operator torchvision::nms does not exist").
+# qwen-vl-utils (veRL's image loader imports it) and the torchvision it imports, apart from .venv:
+# PyPI's torchvision is built against CUDA torch, so against our CPU torch its C ops cannot load; on
+# .venv's path it would break every import of transformers that looks for torchvision. Only the VL
+# tests put it on their path (tests/vl_verl_load.py says how it imports without those ops).
+$(VL_STAMP): $(TRAIN_STAMP) requirements-vl.lock
+	$(BIN)/pip install -q --no-deps --target $(VL_SITE) -r requirements-vl.lock
+	touch $@
+
 $(VLLM_STAMP): requirements-vllm.lock
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
@@ -84,7 +94,7 @@ demo: $(PY_STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: $(TRAIN_STAMP) $(NPM_STAMP) $(VLLM_STAMP) $(MINI_STAMP) browser
+test: $(TRAIN_STAMP) $(VL_STAMP) $(NPM_STAMP) $(VLLM_STAMP) $(MINI_STAMP) browser
 	$(BIN)/python -m pytest -q
 
 bench: $(TRAIN_STAMP)

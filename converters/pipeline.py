@@ -26,7 +26,8 @@ from .shards import Output, SeenSet, ShardWriter, split_of
 from .source import blob_bytes, check_dataset, iter_sessions
 from .threads import segment_session
 from .tokenizer import load_tokenizer, tokenizer_hash
-from .tokens import Renderer, tokenize, token_row
+from .tokens import Renderer, has_engine_ids, tokenize, token_row
+from .vision import ImagePads, image_bytes, sample_images
 
 TARGETS = ("verl-sft", "verl-rl", "tokens", "atif")
 
@@ -114,9 +115,10 @@ def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
     dataset_manifest = check_dataset(root)
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
     renderer = Renderer(tokenizer) if tokenizer is not None else None
+    pads = ImagePads.from_tokenizer_dir(opts.tokenizer, tokenizer) if tokenizer is not None else None
     output = Output(out)
     try:
-        manifest = _run(root, output, opts, renderer, dataset_manifest)
+        manifest = _run(root, output, opts, renderer, pads, dataset_manifest)
         output.write_json("manifest.json", manifest)
         output.commit()
         return manifest
@@ -125,7 +127,8 @@ def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
         raise
 
 
-def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, dataset_manifest: dict) -> dict:
+def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, pads: ImagePads | None,
+         dataset_manifest: dict) -> dict:
     counts: Counter = Counter()
     dropped: Counter = Counter()
     drift = DriftReport(renderer, opts.drift)
@@ -171,7 +174,7 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, d
                 dropped[reason] += 1
                 continue
             counts["samples"] += 1
-            for row, prefix in _rows(opts, renderer, sample, drift, counts, root):
+            for row, prefix in _rows(opts, renderer, pads, sample, drift, counts, root):
                 if seen is not None and not seen.add(_dedupe_key(opts.target, row)):
                     counts["duplicates_dropped"] += 1
                     continue
@@ -211,16 +214,22 @@ def _check_tools_absent(opts: Options, counts: Counter) -> None:
             f"--allow-tools-absent to emit them without definitions")
 
 
-def _rows(opts: Options, renderer: Renderer | None, sample, drift: DriftReport, counts: Counter, root: Path):
+def _rows(opts: Options, renderer: Renderer | None, pads: ImagePads | None, sample, drift: DriftReport,
+          counts: Counter, root: Path):
     if opts.target == "tokens":
-        ts = tokenize(renderer, sample, prefer_engine=opts.tokens_from == "engine")
+        prefer_engine = opts.tokens_from == "engine"
+        parts = [] if prefer_engine and has_engine_ids(sample) else sample.image_parts  # engine ids hold the pads
+        sized = [p.blob_hash for p in parts if p.blob_hash and not (p.width and p.height)]
+        images = sample_images(pads, parts, blob_bytes(root, sized), sample.session.session_id, opts.tokenizer)
+        ts = tokenize(renderer, sample, prefer_engine=prefer_engine, images=images)
         if ts is not None:
             drift.note_tokens(ts)
             counts["retokenized" if ts.retokenized else "engine_ids"] += 1
             yield token_row(ts), "part"
     elif opts.target == "verl-sft":
-        refs = sample.images
-        row = verl.sft_row(sample, blob_bytes(root, refs) if refs else {})
+        parts = sample.image_parts
+        hashes = [p.blob_hash for p in parts if p.blob_hash]
+        row = verl.sft_row(sample, image_bytes(parts, blob_bytes(root, hashes), sample.session.session_id))
         yield row, "mm" if "images" in row else "part"
     elif opts.target == "verl-rl":
         if sample.segment.parent is None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterator, Literal
 
-from forgerl.schema.chat import image_refs
-from forgerl.schema.messages import Message
+from forgerl.schema.chat import image_parts, image_refs
+from forgerl.schema.messages import Message, Part
 
 from .source import Call, Session
 from .threads import Segment
@@ -40,6 +40,11 @@ class Sample:
     def images(self) -> list[str]:
         """Blob hashes (or URLs) of the images, in placeholder order."""
         return image_refs(self.messages) if self.session.has_image_parts else []
+
+    @property
+    def image_parts(self) -> list[Part]:
+        """The image parts themselves (sizes, hashes), in placeholder order."""
+        return image_parts(self.messages) if self.session.has_image_parts else []
 
     @property
     def tools(self) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from forgerl.schema.chat import chat_tools, to_chat_messages
 
 from .samples import Sample
 from .tokenizer import PieceEncoder
+from .vision import SampleImages, verl_content
 
 
 @dataclass
@@ -121,12 +122,19 @@ def chat_of(sample: Sample) -> tuple[list[dict], list[tuple[int, int]]]:
 
 
 def verl_style(renderer: Renderer, chat: list[dict], tools: list[dict] | None, enable_thinking: bool,
-               trained_chat: set[int]) -> tuple[list[int], list[int], list[int]]:
-    """Ids and loss mask as veRL's MultiTurnSFTDataset builds them, and the whole render (its sanity check)."""
+               trained_chat: set[int], images: SampleImages | None = None) -> tuple[list[int], list[int], list[int]]:
+    """Ids and loss mask as veRL's MultiTurnSFTDataset builds them, and the whole render (its sanity check);
+    with `images`, messages in veRL's image-content form and each image pad expanded as its processor does."""
+    if images is not None:
+        chat = verl_content(chat)
     texts = [renderer.text([m], tools if i == 0 else None, False, enable_thinking) for i, m in enumerate(chat)]
     texts.append(renderer.text(chat, tools, False, enable_thinking))
     encoded = renderer.encode(texts)
     whole = encoded.pop()
+    if images is not None:
+        counts = iter(images.counts)
+        encoded = [images.expand(piece, counts) for piece in encoded]
+        whole = images.expand(whole)
     ids: list[int] = []
     mask: list[int] = []
     sys_len, gen_len = len(renderer.system_prompt), len(renderer.generation_prompt)
@@ -141,33 +149,39 @@ def verl_style(renderer: Renderer, chat: list[dict], tools: list[dict] | None, e
     return ids, mask, whole
 
 
-def template_tokens(renderer: Renderer, sample: Sample) -> TokenSample:
+def template_tokens(renderer: Renderer, sample: Sample, images: SampleImages | None = None) -> TokenSample:
+    """The template's ids; with `images` (a VL tokenizer's pad counts) image placeholders become pads."""
     chat, ranges = chat_of(sample)
     tools = chat_tools(sample.tools) or None
     thinking = sample.enable_thinking
     trained_chat = {j for i in sample.trained for j in range(*ranges[i])}
     if sample.mode == "thread":
-        ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat)
+        ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat, images)
         return TokenSample(sample, ids, mask, None, True, ids == whole, None if ids == whole else whole)
     first_out = min(sample.trained)
-    prompt_chat = chat[: ranges[first_out][0]]
-    prompt = renderer.text(prompt_chat, tools, True, thinking)
-    full = renderer.text(chat, tools, False, thinking)
+    shown = verl_content(chat) if images is not None else chat
+    prompt = renderer.text(shown[: ranges[first_out][0]], tools, True, thinking)
+    full = renderer.text(shown, tools, False, thinking)
     if full.startswith(prompt):
         prompt_ids, completion_ids, whole = renderer.encode([prompt, full[len(prompt):], full])
+        if images is not None:
+            counts = iter(images.counts)
+            prompt_ids, completion_ids = images.expand(prompt_ids, counts), images.expand(completion_ids, counts)
+            whole = images.expand(whole)
     else:  # the template renders the history differently once the answer follows: veRL's way, flagged
-        ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat)
+        ids, mask, whole = verl_style(renderer, chat, tools, thinking, trained_chat, images)
         return TokenSample(sample, ids, mask, None, True, ids == whole, None if ids == whole else whole)
     ids = prompt_ids + completion_ids
     return TokenSample(sample, ids, [0] * len(prompt_ids) + [1] * len(completion_ids), None, True,
                        ids == whole, None if ids == whole else whole)
 
 
-def tokenize(renderer: Renderer | None, sample: Sample, prefer_engine: bool = True) -> TokenSample | None:
+def tokenize(renderer: Renderer | None, sample: Sample, prefer_engine: bool = True,
+             images: SampleImages | None = None) -> TokenSample | None:
     """Engine ids when every call has them (and they are preferred), else the template; None without one."""
     if prefer_engine and has_engine_ids(sample):
         return engine_tokens(sample)
-    return template_tokens(renderer, sample) if renderer is not None else None
+    return template_tokens(renderer, sample, images) if renderer is not None else None
 
 
 def token_row(ts: TokenSample) -> dict[str, Any]:

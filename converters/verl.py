@@ -58,8 +58,9 @@ actor_rollout_ref:
 """
 
 
-def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
-    """One MultiTurnSFTDataset row; `images` only for rows that have images (veRL then needs a processor).
+def sft_row(sample: Sample, images: list[bytes]) -> dict[str, Any]:
+    """One MultiTurnSFTDataset row; `images` (their bytes, in placeholder order) only for rows that have images
+    (veRL then needs a processor and qwen_vl_utils).
 
     `trained_messages` lists the chat messages this segment's calls generated: veRL's stock class trains
     every assistant message, so a segment that inherits earlier answers (a subagent's parent history, a
@@ -75,9 +76,8 @@ def sft_row(sample: Sample, blobs: dict[str, bytes]) -> dict[str, Any]:
         **{k: prov[k] for k in ("sample_id", "session_id", "segment_id", "segment_reason", "parent_segment",
                                 "harness", "model", "reward")},
     }
-    refs = sample.images
-    if refs:
-        row["images"] = [{"bytes": blobs.get(ref)} for ref in refs]
+    if images:
+        row["images"] = [{"bytes": data} for data in images]
     return row
 
 

@@ -29,6 +29,7 @@ from forgerl.errors import UserError
 from forgerl.recorder import control
 from forgerl.recorder.apis.gemini import is_gemini_api
 from forgerl.recorder.capture import CapturedCall
+from forgerl.recorder.images import IMAGE_MODES
 from forgerl.recorder.redact import Redactor
 from forgerl.recorder.writer_process import WriterClient
 
@@ -111,6 +112,7 @@ class Recorder:
         loader.add_option("forge_upstream_openai", str, "",
                           "Forward every other path here instead of the proxy's own target.")
         loader.add_option("forge_redact_rules", str, "", "File of extra redaction regexes, one per line.")
+        loader.add_option("forge_images", str, "keep", "What to keep of images: keep, hash-only or drop.")
         loader.add_option("forge_policy_version", str, "", "Policy/weights version to tag every call with.")
         loader.add_option("forge_labels", str, "", "JSON object of labels for every new session.")
 
@@ -127,14 +129,17 @@ class Recorder:
                     ("openai", opts.forge_upstream_openai)) if url}
             if "forge_labels" in updated:
                 parse_labels(opts.forge_labels)
+            if "forge_images" in updated and opts.forge_images not in IMAGE_MODES:
+                raise ValueError(f"forge_images {opts.forge_images}: choose from {', '.join(IMAGE_MODES)}")
             if "forge_out" in updated:
                 self._close_writer()
                 if opts.forge_out:
                     self.writer = WriterClient(opts.forge_out, on_failure=self._writer_failed)
         except (UserError, ValueError) as e:  # WriterClient: a root it cannot open is a ValueError
             raise exceptions.OptionsError(str(e)) from None
-        if self.writer is not None and {"forge_out", "forge_redact_rules", "forge_labels"} & updated:
-            self.writer.configure(redact_rules=opts.forge_redact_rules, labels=opts.forge_labels)
+        if self.writer is not None and {"forge_out", "forge_redact_rules", "forge_labels", "forge_images"} & updated:
+            self.writer.configure(redact_rules=opts.forge_redact_rules, labels=opts.forge_labels,
+                                  images=opts.forge_images)
 
     # http ---------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from forgerl.schema.messages import Exchange
 from forgerl.schema.records import CallRecord
 
 from .apis import Codec, codec_for, parse_call
+from .images import apply_mode, strip_request
 from .redact import Redactor
 from .sse import SSEDecoder
 
@@ -85,18 +86,19 @@ class CapturedCall:
         if data:
             self.chunks.append(data)
 
-    def to_record(self, redactor: Redactor, full: bool = True) -> CallRecord:
+    def to_record(self, redactor: Redactor, full: bool = True, images: str = "keep") -> CallRecord:
         """A call row from what has been seen so far.
 
         `full=False` is the in-flight snapshot taken on every flush: raw bytes
         and times only, so it stays cheap for hundreds of open streams; a call
-        recovered from it can be re-derived from its raw bytes.
+        recovered from it can be re-derived from its raw bytes. `images` is
+        what `forge-record --images` keeps (`recorder/images.py`).
         """
+        codec = codec_for(self.path)
         if self._request_raw is None:
-            self._request_raw = redactor.body(self.request_body) or b""
+            self._request_raw = self._stored_request(redactor, codec, images)
         request_raw = self._request_raw
         response_raw = redactor.body(b"".join(self.chunks))
-        codec = codec_for(self.path)
         record = CallRecord(
             call_id=self.call_id, session_id=self.session_id, seq=self.seq,
             api=codec.name if codec else "raw", method=self.method, path=redactor.path(self.path),
@@ -133,6 +135,20 @@ class CapturedCall:
             errors.append(INCOMPLETE)
         record.error = "; ".join(dict.fromkeys(errors)) or None
         return record
+
+    def _stored_request(self, redactor: Redactor, codec: Codec | None, images: str) -> bytes:
+        """The redacted request, its images moved out (to the exchange's blobs) as `images` says: done before
+        any row is written, in-flight snapshots included, so pixels a mode leaves out never reach disk."""
+        raw = redactor.body(self.request_body) or b""
+        if codec is None or not (self.method == "POST" or self.websocket):
+            return raw
+        self._parse_request(codec, raw)
+        exchange = self._request_exchange
+        if exchange is None or not exchange.blobs:
+            return raw
+        blobs = dict(exchange.blobs)
+        apply_mode(exchange, images)
+        return strip_request(raw, blobs, images)
 
     def _parse_request(self, codec: Codec, request_raw: bytes | None) -> Exchange | None:
         """Parse once: a call may be turned into a record more than once."""

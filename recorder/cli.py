@@ -25,10 +25,12 @@ from pathlib import Path
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.schema.store import compact, delete_session, read_manifest
+from forgerl.schema.toolcalls import FORMATS
 
 from . import summary
 from .launch import launch
 from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
+from .images import IMAGE_MODES
 from .proxy import ANTHROPIC_API, GEMINI_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
 
 
@@ -43,6 +45,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="forge-data", help="dataset root to record into (default: ./forge-data)")
     p.add_argument("--redact-rules", default="", metavar="FILE",
                    help="extra redaction regexes, one per line (keys, tokens and .env secrets are always redacted)")
+    p.add_argument("--images", choices=IMAGE_MODES, default="keep",
+                   help="what to keep of images (screenshots), which regexes cannot redact: keep (bytes stored once "
+                        "per session in blobs), hash-only (the reference and size, no bytes), drop (neither); "
+                        "default keep")
     p.add_argument("--policy-version", default="", help="tag every call with this policy/weights version")
     p.add_argument("--labels", default="", metavar="JSON", help='labels for new sessions, e.g. \'{"task":"t1"}\'')
 
@@ -72,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "with return_token_ids), or script:FILE (a JSON list of turn texts, said in order)")
     policy.add_argument("--tokenizer", metavar="DIR", help="the policy's tokenizer directory (chat template)")
     policy.add_argument("--served-model", metavar="NAME", help="the model name the policy server serves")
+    policy.add_argument("--tool-format", choices=sorted(FORMATS), metavar="NAME",
+                        help="how the policy writes tool calls: " + ", ".join(sorted(FORMATS)) +
+                        " (default: recognised from the tokenizer's chat template)")
     policy.add_argument("--max-tokens", type=int, default=1024, help="cap on tokens per turn (default 1024)")
     policy.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     policy.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0)")
@@ -112,7 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = args.listen
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
                             upstream_gemini=gemini, listen_host=host, listen_port=port, forward=args.forward,
-                            session=args.session, redact_rules=args.redact_rules,
+                            session=args.session, redact_rules=args.redact_rules, images=args.images,
                             policy_version=args.policy_version, labels=args.labels, upstream_ca=args.upstream_ca)
     target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, gemini -> {gemini}, openai -> {openai}"
     serve_forever(config, on_ready=lambda: print(
@@ -150,18 +159,19 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
         raise UserError("--policy answers every call itself: drop --upstream*/--forward")
     if args.max_tokens < 1:
         raise UserError("--max-tokens must be at least 1")
-    from .serve import GatewayThread, PolicyGateway, load_tokenizer  # transformers: only serve mode pays for it
+    from .serve import GatewayThread, PolicyGateway, load_tokenizer, tool_format  # transformers: only serve mode
 
     tokenizer = load_tokenizer(args.tokenizer)
     version = args.policy_version or args.served_model
     gateway = PolicyGateway(_policy(args, tokenizer), tokenizer, args.served_model,
+                            fmt=tool_format(tokenizer, args.tool_format),
                             sampling=Sampling(max_tokens=args.max_tokens, temperature=args.temperature,
                                               top_p=args.top_p))
     host, port = args.listen
     with GatewayThread(gateway) as gateway_url:
         config = RecorderConfig.one_upstream(Path(args.out), gateway_url, listen_host=host, listen_port=port,
                                              session=args.session, redact_rules=args.redact_rules,
-                                             policy_version=version, labels=args.labels)
+                                             images=args.images, policy_version=version, labels=args.labels)
         serve_forever(config, on_ready=lambda: print(
             f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
             f"policy version {version}); recording to {args.out}", flush=True))
@@ -179,7 +189,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     anthropic, openai, gemini = _upstreams(args)
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
                             upstream_gemini=gemini, session=session,
-                            redact_rules=args.redact_rules, policy_version=args.policy_version, labels=args.labels)
+                            redact_rules=args.redact_rules, images=args.images, policy_version=args.policy_version,
+                            labels=args.labels)
     with tempfile.TemporaryDirectory(prefix="forge-record-run-") as scratch, BackgroundRecorder(config):
         aimed = launch(cmd, config.url, session, Path(scratch))
         returncode = subprocess.call(aimed.argv, env={**os.environ, **aimed.env})

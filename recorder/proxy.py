@@ -24,6 +24,7 @@ from mitmproxy.addons import (block, core, disable_h2c, dns_resolver, errorcheck
 from forgerl.errors import UserError, removed_on_user_error
 
 from .addon import Recorder, Upstream, parse_labels
+from .images import IMAGE_MODES
 from .redact import Redactor
 from .writer_process import RecorderFailure
 
@@ -43,6 +44,7 @@ class RecorderConfig:
     forward: bool = False
     session: str = "default"
     redact_rules: str = ""
+    images: str = "keep"  # forge-record --images (recorder/images.py)
     policy_version: str = ""
     labels: str = ""
     confdir: str = "~/.mitmproxy"
@@ -54,6 +56,8 @@ class RecorderConfig:
             Upstream(url)
         if self.redact_rules:
             Redactor.from_file(self.redact_rules)
+        if self.images not in IMAGE_MODES:
+            raise UserError(f"--images {self.images}: choose from {', '.join(IMAGE_MODES)}")
         if self.upstream_ca and not Path(self.upstream_ca).is_file():
             raise UserError(f"--upstream-ca: no such file: {self.upstream_ca}")
         parse_labels(self.labels)
@@ -156,6 +160,7 @@ def _configure(opts: options.Options, config: RecorderConfig) -> None:
         forge_upstream_openai="" if config.forward else config.upstream_openai,
         forge_upstream_gemini="" if config.forward else config.upstream_gemini,
         forge_redact_rules=config.redact_rules,
+        forge_images=config.images,
         forge_policy_version=config.policy_version,
         forge_labels=config.labels,
     )

@@ -136,7 +136,7 @@ class WriterClient:
         return next(self._seq)
 
     def configure(self, **settings: str) -> None:
-        """Settings the writer process applies to calls from now on (`redact_rules`, `labels`)."""
+        """Settings the writer process applies to calls from now on (`redact_rules`, `labels`, `images`)."""
         self._events.append(("config", None, settings))
 
     def open(self, call: CapturedCall) -> None:
@@ -326,6 +326,7 @@ class CallSink:
         self.writer = writer
         self.barrier = barrier
         self.redactor = Redactor()
+        self.images = "keep"  # forge-record --images
         self.labels: dict | None = None
         self.calls: dict[str, CapturedCall] = {}
         self.recorded: Counter[str] = Counter()
@@ -337,7 +338,7 @@ class CallSink:
         elif kind == "start":
             call = CapturedCall(**message[1])
             self.calls[call.call_id] = call
-            self.writer.track(call.call_id, lambda full: call.to_record(self.redactor, full))
+            self.writer.track(call.call_id, lambda full: call.to_record(self.redactor, full, self.images))
         elif kind == "progress":
             _, call_id, state, data = message
             self.calls[call_id].update(state, data)
@@ -360,12 +361,14 @@ class CallSink:
             self.redactor = Redactor.from_file(rules) if rules else Redactor()
         if "labels" in settings:
             self.labels = json.loads(settings["labels"]) if settings["labels"] else None
+        if "images" in settings:
+            self.images = settings["images"]
 
     def _record(self, call: CapturedCall, user_agent: str) -> None:
         from .harness import identify
 
         try:
-            record = call.to_record(self.redactor)
+            record = call.to_record(self.redactor, images=self.images)
             hid = identify(record.request_headers or {}, record.exchange)
             self.writer.add_session(call.session_id, harness=hid.name, harness_rank=hid.rank,
                                     harness_evidence=hid.evidence, user_agent=user_agent, labels=self.labels)

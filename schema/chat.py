@@ -143,20 +143,25 @@ def to_chat_messages(messages: list[Message], *, arguments: ArgumentsForm = "dic
     return out
 
 
-def image_refs(messages: list[Message]) -> list[str]:
-    """Blob hashes (or URLs) of the images, in the order `to_chat_messages` places their placeholders."""
-    refs: list[str] = []
+def image_parts(messages: list[Message]) -> list[Part]:
+    """The image parts, in the order `to_chat_messages` places their placeholders."""
+    found: list[Part] = []
 
     def walk(parts: Iterable[Part]) -> None:
         for part in parts:
             if part.type == "image":
-                refs.append(_image_ref(part))
+                found.append(part)
             elif part.type == "tool_result" and part.content is not None:
                 walk(part.content)
 
     for message in messages:
         walk(message.parts)
-    return refs
+    return found
+
+
+def image_refs(messages: list[Message]) -> list[str]:
+    """Blob hashes (or URLs) of the images, in placeholder order ("" for an image recorded with neither)."""
+    return [_image_ref(part) for part in image_parts(messages)]
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

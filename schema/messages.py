@@ -44,7 +44,9 @@ class Part:
     - tool_result: `call_id`, `text` (string content) or `content` (list of
                    nested parts for rich results), `is_error`
     - image:       `blob_hash`, `media_type` (bytes live in the blobs table)
-                   or `url` for images passed by reference
+                   or `url` for images passed by reference; `width` and `height`
+                   in pixels when the recorder read them (they stay when
+                   `forge-record --images hash-only` leaves the bytes out)
     - other:       anything unknown, kept whole in `extra`
     """
 
@@ -60,13 +62,15 @@ class Part:
     blob_hash: str | None = None
     media_type: str | None = None
     url: str | None = None
+    width: int | None = None
+    height: int | None = None
     extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Only the fields that are set, so hashes do not change as fields are added."""
         out: dict[str, Any] = {"type": self.type}
         for name in ("text", "signature", "tool_name", "call_id", "arguments", "is_error",
-                     "blob_hash", "media_type", "url", "extra"):
+                     "blob_hash", "media_type", "url", "width", "height", "extra"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

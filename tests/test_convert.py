@@ -226,8 +226,8 @@ def test_verl_sft_refuses_per_call(chat_data, tmp_path, capsys):
 def test_screenshots_become_verl_images_and_blob_refs(scripted, recorder, tmp_path):
     """A GUI agent's screenshot (Anthropic SDK, base64 image block) reaches veRL's multimodal columns.
 
-    veRL loads such rows only with a processor and `qwen_vl_utils` (not installed here), so the
-    columns and placeholders are checked as veRL's `_build_messages` reads them, not loaded by it.
+    The columns and placeholders are checked here as veRL's `_build_messages` reads them; test_vl_rows.py
+    loads such rows through veRL with a Qwen2.5-VL processor.
     """
     import base64
     import hashlib
@@ -237,6 +237,7 @@ def test_screenshots_become_verl_images_and_blob_refs(scripted, recorder, tmp_pa
     from PIL import Image
 
     from scripted_upstream import Turn
+    from vl_checks import vl_tokenizer_dir
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 6), (200, 30, 30)).save(buf, format="PNG")
@@ -251,7 +252,7 @@ def test_screenshots_become_verl_images_and_blob_refs(scripted, recorder, tmp_pa
     session_calls(tmp_path / "data", "gui", 1)
     rec.stop()
     convert(tmp_path / "data", tmp_path / "sft", "--to", "verl-sft")
-    convert(tmp_path / "data", tmp_path / "tok", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)
+    convert(tmp_path / "data", tmp_path / "tok", "--to", "tokens", "--tokenizer", str(vl_tokenizer_dir(tmp_path / "v")))
     (mm,) = (tmp_path / "sft").glob("train/mm-*.parquet")  # image rows get shards of their own
     (row,) = pq.read_table(mm).to_pylist()
     placeholders = sum(m["content"].count("<image>") for m in row["messages"])

@@ -16,6 +16,7 @@ import openai
 import pyarrow.compute as pc
 
 from forgerl.recorder.apis import codec_for
+from forgerl.recorder.images import restore_request
 from forgerl.schema import store
 from forgerl.schema.messages import Exchange
 from forgerl.schema.records import call_messages, decompress
@@ -51,7 +52,7 @@ def assert_reproduces(root, session, upstream, n):
     blobs = blobs_of(root, session)
     for call, sent in zip(calls, logged):
         assert call["complete"] and call["error"] is None, call["error"]
-        assert decompress(call["request_raw"]) == sent.body
+        assert restore_request(decompress(call["request_raw"]), blobs.get) == sent.body  # images by reference
         assert decompress(call["response_raw"]) == sent.response_body
         assert call["path"] == sent.path
         codec = codec_for(call["path"])
