@@ -46,7 +46,7 @@ from forgerl.errors import UserError
 from forgerl.schema.chat import chat_tools, to_chat_messages
 from forgerl.schema.messages import Exchange, Usage, canonical_json, sha256_hex
 from forgerl.schema.segments import ANSWER_HEADER, CONTINUES_HEADER
-from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, TurnParser, format_for_template
+from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, TurnParser, format_for_template, format_named
 
 from .apis import ANTHROPIC, CHAT, GEMINI, RESPONSES, codec_for, parse_call
 from .apis.answer import Answer, Frame, StreamWriter, chunks, new_id
@@ -371,5 +371,12 @@ def load_tokenizer(path: str) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(f"--tokenizer {path}: the tokenizer has no chat template")
-    format_for_template(tokenizer.chat_template)
     return tokenizer
+
+
+def tool_format(tokenizer: Any, name: str | None) -> ToolCallFormat:
+    """The format named (`--tool-format`), else the one the tokenizer's chat template writes."""
+    try:
+        return format_named(name) if name else format_for_template(getattr(tokenizer, "chat_template", None))
+    except ValueError as e:
+        raise UserError(f"--tokenizer: {e}") from None

