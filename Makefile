@@ -15,6 +15,8 @@ MINI_VENV := .venv-mini
 MINI_STAMP := $(MINI_VENV)/.installed
 VL_SITE := $(VENV)/vl-site
 VL_STAMP := $(VL_SITE)/.installed
+BROWSER_VENV := .venv-browser
+BROWSER_STAMP := $(BROWSER_VENV)/.installed
 
 .PHONY: demo test bench lock clean browser vllm harnesses claweval
 
@@ -65,6 +67,13 @@ $(MINI_STAMP): requirements-mini.lock
 	$(MINI_VENV)/bin/pip install -q --no-deps -r requirements-mini.lock
 	touch $@
 
+# browser-use, the screen-seeing Python harness, in its own venv too (its openai, anthropic and pydantic
+# pins are not ours); runners/harnesses/browser_use.py runs its agent with .venv-browser/bin/python.
+$(BROWSER_STAMP): requirements-browser.lock
+	test -x $(BROWSER_VENV)/bin/python || $(PY) -m venv $(BROWSER_VENV)
+	$(BROWSER_VENV)/bin/pip install -q --no-deps -r requirements-browser.lock
+	touch $@
+
 harnesses: $(NPM_STAMP)
 
 # The pinned harness CLIs the end-to-end tests drive, and the Node 24 they run
@@ -94,7 +103,7 @@ demo: $(PY_STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: $(TRAIN_STAMP) $(VL_STAMP) $(NPM_STAMP) $(VLLM_STAMP) $(MINI_STAMP) browser
+test: $(TRAIN_STAMP) $(VL_STAMP) $(NPM_STAMP) $(VLLM_STAMP) $(MINI_STAMP) $(BROWSER_STAMP) browser
 	$(BIN)/python -m pytest -q
 
 bench: $(TRAIN_STAMP)
@@ -122,4 +131,4 @@ lock:
 	/tmp/forgerl-lock/bin/pip freeze > requirements-vllm.lock
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MINI_VENV) node_modules forge-data
+	rm -rf $(VENV) $(VLLM_VENV) $(MINI_VENV) $(BROWSER_VENV) node_modules forge-data

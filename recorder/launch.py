@@ -87,6 +87,20 @@ def mini_swe_agent(argv: list[str], base_url: str, session: str, scratch: Path) 
     return Launch(list(argv), mini_swe_agent_env(base_url, session, scratch))
 
 
+BROWSER_USE_OFFLINE = {"ANONYMIZED_TELEMETRY": "false", "BROWSER_USE_CLOUD_SYNC": "false",
+                       "BROWSER_USE_VERSION_CHECK": "false", "BROWSER_USE_CLOUD_HINTS": "false"}
+"""browser-use 0.13's phone-home off: PostHog telemetry (eu.i.posthog.com), cloud sync of runs
+(api.browser-use.com), the PyPI version check and cloud hints (names from its `config.py`)."""
+
+
+def browser_use_env(base_url: str, session: str, scratch: Path) -> dict[str, str]:
+    """browser-use's `ChatOpenAI` at the session (`OPENAI_BASE_URL`), its config folder (profiles, cached
+    settings) in `scratch`, its phone-home off."""
+    return {**harness_env(base_url, session), **BROWSER_USE_OFFLINE,
+            "BROWSER_USE_CONFIG_DIR": str(scratch / "browser-use"), "XDG_CONFIG_HOME": str(scratch / "config"),
+            "XDG_CACHE_HOME": str(scratch / "cache")}
+
+
 def qwen_code(argv: list[str], base_url: str, session: str, scratch: Path) -> Launch:
     """Qwen Code 0.24 on its OpenAI auth (Chat Completions at `OPENAI_BASE_URL`, key in `OPENAI_API_KEY`); the
     flag outranks an auth type chosen in the user's settings. Its usage statistics (RUM beacons to

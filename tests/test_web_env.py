@@ -27,7 +27,10 @@ def test_benchmark_loads_as_web_tasks(tasks):
     assert web.matches(one) and web.matches(WEB_BENCH) and web.matches(WEB_BENCH / "tasks")
     assert [t.id for t in load_tasks(one)] == ["travel-cancel-trip"]
     shop = tasks["shop-buy-sencha"].apps[0]
-    assert (shop.port, shop.url) == (8101, "http://127.0.0.1:8101") and shop.argv()[-2:] == ["--port", "8101"]
+    service = tasks["shop-buy-sencha"].services[0]
+    assert (shop.port, service.port, service.argv[-2:]) == (8101, 8101, ("--port", "8101"))
+    assert (service.health_path, service.state_paths) == (web.HEALTH_PATH, (web.STATE_PATH,))
+    assert tasks["shop-buy-sencha"].mcp_servers == (web.PLAYWRIGHT_MCP,)
 
 
 @pytest.mark.parametrize("task_id", sorted(SOLUTIONS))
@@ -65,6 +68,8 @@ def test_missing_state_or_a_broken_check_is_not_a_zero(tasks, tmp_path):
     task = tasks["travel-cancel-trip"]
     with pytest.raises(GradingError, match="no state was collected from the app.s. travel"):
         grade_states(task, {}, "Cancelled.", tmp_path)
+    with pytest.raises(GradingError, match=r"travel \(HTTP 500\)"):
+        grade_states(task, {"travel": {"error": "HTTP 500"}}, "Cancelled.", tmp_path)
     broken = with_checks(task, {"name": "typo", "expect": "travel['no_such_key']"})
     with pytest.raises(GradingError, match="no_such_key"):
         grade_states(broken, {"travel": {"bookings": []}}, "", tmp_path)
@@ -101,3 +106,24 @@ def test_bad_task_files_are_one_line_errors(tmp_path, name, body, message):
     with pytest.raises(TaskError, match=message) as err:
         load_tasks(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def test_browser_use_adapter_drives_chromium_with_telemetry_off(tmp_path):
+    from forgerl.runners.harnesses import HarnessError, RunContext, get_harness
+    from forgerl.runners.harnesses.base import McpServer
+    from forgerl.runners.harnesses.browser import CHROMIUM, PLAYWRIGHT_MCP
+
+    harness = get_harness("browser-use")
+    ctx = RunContext("find it", tmp_path, tmp_path, "http://127.0.0.1:8787", "s1", "", {},
+                     mcp_servers=(PLAYWRIGHT_MCP,))
+    argv, env = harness.full_command(harness.find(), ctx)
+    assert argv[1:3] == ["-P", str(web.__file__).replace("kinds/web.py", "harnesses/browser_use_cli.py")]
+    assert argv[argv.index("--chromium") + 1] == str(CHROMIUM) and argv[argv.index("--model") + 1] == "gpt-5.4"
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:8787/s/s1/v1" and env["HOME"] == str(tmp_path)
+    assert (env["ANONYMIZED_TELEMETRY"], env["BROWSER_USE_CLOUD_SYNC"], env["BROWSER_USE_VERSION_CHECK"]) == (
+        "false", "false", "false")
+    assert harness.final_answer('{"result": "SK1840 at $159.00.", "success": true, "steps": 3}\n', ctx) == \
+        "SK1840 at $159.00."
+    other = RunContext("x", tmp_path, tmp_path, "u", "s1", mcp_servers=(McpServer("calendar", ("cal",)),))
+    with pytest.raises(HarnessError, match="browser-use has no MCP client"):
+        harness.full_command(harness.find(), other)

@@ -10,6 +10,7 @@ adapters.
 from __future__ import annotations
 
 from .base import Harness, HarnessError, RunContext, find_cli
+from .browser_use import BrowserUse
 from .claude_code import ClaudeCode
 from .codex import Codex
 from .gemini_cli import GeminiCli
@@ -21,7 +22,7 @@ from .qwen_code import QwenCode
 from .zeroclaw import ZeroClaw
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), Codex(), OpenClaw(), ZeroClaw(), QwenCode(), Pi(),
-                                                    MiniSweAgent(), GeminiCli(), OpenCode())}
+                                                    MiniSweAgent(), GeminiCli(), OpenCode(), BrowserUse())}
 
 
 def get_harness(name: str) -> Harness:

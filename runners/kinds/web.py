@@ -41,6 +41,8 @@ from typing import ClassVar
 from forgerl.schema.messages import Message
 
 from ..grading import GradeInput, GradingError, grade_workspace
+from ..harnesses.browser import PLAYWRIGHT_MCP
+from ..services import Service
 from ..tasks import DEFAULT_TIMEOUT_S, Task, TaskError
 
 APPS_FILE = "apps.toml"
@@ -59,13 +61,11 @@ class WebApp:
     script: Path
     port: int
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def argv(self) -> list[str]:
-        """How it is started: the runner's Python runs the script (the apps need only its standard library)."""
-        return [sys.executable, str(self.script), "--port", str(self.port)]
+    def service(self) -> Service:
+        """The app as a sandbox service: the runner's Python runs its script (the apps need only its standard
+        library); healthy at `/__forge/health`; `/__forge/state` collected after the harness."""
+        return Service(self.name, (sys.executable, str(self.script), "--port", str(self.port)), self.port,
+                       health_path=HEALTH_PATH, state_paths=(STATE_PATH,))
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,13 @@ class WebTask(Task):
     benchmark: ClassVar[str] = "forgerl-web"
 
     def score(self, run: GradeInput) -> dict[str, float]:
-        missing = [app.name for app in self.apps if app.name not in run.service_state]
+        states = {app.name: (run.service_state.get(app.name) or {}).get(STATE_PATH) for app in self.apps}
+        missing = [f"{name} ({state['error']})" if isinstance(state, dict) and "error" in state else name
+                   for name, state in states.items() if not isinstance(state, dict) or "error" in state]
         if missing:
             raise GradingError(f"no state was collected from the app(s) {', '.join(missing)}")
-        actions = browser_actions(run.messages)
-        payload = {"checks": list(self.checks), "answer": run.final_answer,
-                   "state": {app.name: run.service_state[app.name] for app in self.apps},
-                   "actions": actions, "steps": sum(m.role == "assistant" for m in run.messages)}
+        payload = {"checks": list(self.checks), "answer": run.final_answer, "state": states,
+                   "actions": browser_actions(run.messages), "steps": sum(m.role == "assistant" for m in run.messages)}
         return grade_workspace(self, payload, run.workspace)
 
 
@@ -166,9 +166,11 @@ def load_one(path: Path, apps: dict[str, WebApp]) -> WebTask:
         raise TaskError(f"{path}: unknown app(s) {', '.join(unknown)}; {APPS_FILE} has {', '.join(apps)}")
     if spec.get("type", "information") not in TASK_TYPES:
         raise TaskError(f"{path}: type must be one of {', '.join(TASK_TYPES)}")
+    chosen = tuple(apps[a] for a in spec["apps"])
     return WebTask(id=str(spec["id"]), prompt=str(spec["prompt"]), grader=GRADER, path=path,
                    timeout_s=float(spec.get("timeout_seconds", DEFAULT_TIMEOUT_S)),
-                   apps=tuple(apps[a] for a in spec["apps"]), task_type=spec.get("type", "information"),
+                   services=tuple(app.service() for app in chosen), mcp_servers=(PLAYWRIGHT_MCP,),
+                   apps=chosen, task_type=spec.get("type", "information"),
                    checks=tuple(_check(c, path) for c in spec["checks"]))
 
 
