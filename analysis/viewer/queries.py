@@ -148,7 +148,7 @@ class Dataset:
         if filters.get("q"):
             where.append("(strpos(lower(session_id), $q) > 0 OR strpos(lower(task), $q) > 0 OR session_id IN "
                          "(SELECT DISTINCT session_id FROM messages WHERE strpos(lower(text), $q) > 0 "
-                         "OR strpos(lower(arguments), $q) > 0))")
+                         "OR strpos(lower(arguments), $q) > 0 OR strpos(lower(tool_name), $q) > 0))")
             params["q"] = filters["q"].lower()
         cmp = "<" if descending else ">"
         if after:

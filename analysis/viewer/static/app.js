@@ -12,7 +12,7 @@ function el(tag, attrs, ...children) {
     if (k === "onclick" || k === "onchange") node[k] = v;
     else node.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -102,7 +102,7 @@ async function showSession(sid, callId, tokensSegment) {
   const s = data.session;
   const head = el("div", {},
     el("h1", {}, `Session ${sid}`),
-    el("dl", { class: "kv" },
+    el("dl", { class: "kv", id: "session-facts" },
       ["harness", "model", "task", "policy_version", "labels"].map((k) => [el("dt", {}, k), el("dd", {}, s[k] ?? "-")]),
       el("dt", {}, "outcome"), el("dd", {}, badge(s.outcome), " reward ", fmt.num(s.reward)),
       el("dt", {}, "calls"), el("dd", {}, `${fmt.int(s.calls)} (${fmt.int(s.failed_calls)} failed)`),
@@ -182,7 +182,7 @@ async function showCall(detail, row, byId) {
       el("h2", {}, "Response (as received)"), el("pre", {}, r.response_raw ?? "(none)"));
     rawButton.hidden = true;
   } }, "raw request and response");
-  detail.replaceChildren(
+  detail.replaceChildren(...[
     el("h2", {}, `Call ${row.turn ?? ""} `, el("span", { class: "muted" }, row.call_id)),
     el("dl", { class: "kv", id: "call-facts" },
       el("dt", {}, "status"), el("dd", {}, row.ok === false ? el("span", { class: "error-line" },
@@ -202,7 +202,7 @@ async function showCall(detail, row, byId) {
     el("h2", {}, "Output"),
     c.output.length ? c.output.map((m) => messageNode(m, c.tool_results, c.session_id, false))
       : el("p", { class: "muted" }, "(no output)"),
-    el("p", {}, rawButton), raw);
+    el("p", {}, rawButton), raw].flat().filter((node) => node != null));
 }
 
 // --- token view ----------------------------------------------------------------------------------

@@ -1,0 +1,308 @@
+"""`forge-analyze view`: the real server as a subprocess, its JSON over HTTP, and the page in headless Chromium.
+
+Datasets: the converter tests' Qwen3 chat sessions (engine token ids from a
+vLLM-like upstream, recorded through `forge-record serve`) plus one image
+call recorded the same way, and the bundled analysis example (graded
+outcomes, Claude Code- and Codex-like sessions). Set FORGERL_UPDATE_DOCS=1 to
+refresh the screenshot analysis/README.md shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, RecorderProcess, session_calls
+from convert_fixtures import TOKENIZER_DIR, chat_dataset  # noqa: F401 - fixture
+from scripted_upstream import ScriptedUpstream
+from test_analysis_report import DevTools, _chromium
+
+from forgerl.analysis import connect
+
+EXAMPLE = REPO / "analysis" / "example"
+FORGE_ANALYZE = str(Path(sys.executable).with_name("forge-analyze"))
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (48, 32), (200, 40, 40)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class ViewerProcess:
+    """`forge-analyze view` on a free port; `url` once it says where it listens."""
+
+    def __init__(self, dataset: Path, *extra: str):
+        self.proc = subprocess.Popen([FORGE_ANALYZE, "view", str(dataset), "--listen", "127.0.0.1:0", *extra],
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()
+        match = re.search(r"at (http://\S+) ", line)
+        if not match:
+            self.proc.kill()
+            raise RuntimeError(f"forge-analyze view did not start: {line}{self.proc.stderr.read()}")
+        self.url = match.group(1)
+
+    def get(self, path: str) -> tuple[int, bytes, str]:
+        try:
+            with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=60) as r:
+                return r.status, r.read(), r.headers["Content-Type"]
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), e.headers["Content-Type"]
+
+    def json(self, path: str) -> dict:
+        status, body, _ = self.get(path)
+        assert status == 200, (path, body)
+        return json.loads(body)
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        return self.proc.stderr.read()
+
+
+@pytest.fixture(scope="module")
+def chat_data(chat_dataset, tmp_path_factory) -> Path:  # noqa: F811 - the imported fixture
+    """The chat sessions plus `chat-image`: a user image through the openai SDK, recorded into a copy."""
+    from openai import OpenAI
+
+    root = tmp_path_factory.mktemp("viewer") / "data"
+    shutil.copytree(chat_dataset, root)
+    upstream = ScriptedUpstream().start()
+    rec = RecorderProcess(root, upstream.url).start()
+    try:
+        client = OpenAI(base_url=rec.base("chat-image") + "/v1", api_key="sk-test-viewer-0000000000", max_retries=0)
+        image = "data:image/png;base64," + base64.b64encode(_png()).decode()
+        client.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What colour is this square?"},
+            {"type": "image_url", "image_url": {"url": image}}]}])
+        session_calls(root, "chat-image", 1)
+    finally:
+        rec.stop()
+        upstream.stop()
+    return root
+
+
+@pytest.fixture(scope="module")
+def chat_viewer(chat_data):
+    viewer = ViewerProcess(chat_data, "--tokenizer", TOKENIZER_DIR)
+    yield viewer
+    assert "Traceback" not in viewer.stop()
+
+
+@pytest.fixture(scope="module")
+def example_viewer():
+    viewer = ViewerProcess(EXAMPLE)
+    yield viewer
+    assert "Traceback" not in viewer.stop()
+
+
+# --- JSON over HTTP ------------------------------------------------------------------------------
+
+
+def test_sessions_list_pages_filters_and_sorts(example_viewer):
+    con = connect(EXAMPLE)
+    want = con.execute("SELECT session_id FROM session_info i LEFT JOIN (SELECT session_id, reward FROM outcomes) o "
+                       "USING (session_id) ORDER BY coalesce(reward, -1) DESC, session_id DESC").fetchall()
+    pages, after = [], ""
+    while True:
+        page = example_viewer.json(f"/api/sessions?sort=reward&limit=4{after}")
+        pages.append([s["session_id"] for s in page["sessions"]])
+        if not page["next"]:
+            break
+        after = f"&after={page['next']}"
+    assert [sid for p in pages for sid in p] == [sid for (sid,) in want]  # keyset pages: every session once
+    assert len(pages) == 6 and all(len(p) == 4 for p in pages[:-1])
+
+    codex = example_viewer.json("/api/sessions?harness=codex&sort=cost&dir=asc")["sessions"]
+    assert len(codex) == 3 and {s["harness"] for s in codex} == {"codex"}
+    costs = [s["cost_usd"] for s in codex]
+    assert costs == sorted(costs) and costs[0] > 0
+    failed = example_viewer.json("/api/sessions?outcome=failed&task=fix-calc")["sessions"]
+    assert failed and {(s["outcome"], s["task"]) for s in failed} == {("failed", "fix-calc")}
+    facets = example_viewer.json("/api/facets")
+    assert facets["harness"] == ["claude-code", "codex", "openai-python"]
+    assert {"success", "failed", "infra_error"} == set(facets["outcome"])
+    # search: a command only Codex-like sessions ran (in a tool call's arguments)
+    found = example_viewer.json("/api/sessions?q=apply_patch")["sessions"]
+    assert found and {s["harness"] for s in found} == {"codex"}
+
+
+def test_session_calls_and_errors(example_viewer):
+    con = connect(EXAMPLE)
+    sid = "cc-recover2-a1"  # two failed tool results, then recovered
+    assert con.execute("SELECT count(*) FROM tool_results WHERE failed AND session_id = ?", [sid]).fetchone() == (2,)
+    session = example_viewer.json(f"/api/session?id={sid}")
+    assert session["session"]["session_id"] == sid
+    stored = con.execute("SELECT call_id FROM calls WHERE session_id = ? ORDER BY t_start, seq, call_id", [sid]).fetchall()
+    assert [c["call_id"] for c in session["calls"]] == [c for (c,) in stored]
+    assert sum(len(g["calls"]) for g in session["segments"]) == sum(c["segment_index"] is not None
+                                                                   for c in session["calls"])
+    total = con.execute("SELECT cost_usd FROM session_costs WHERE session_id = ?", [sid]).fetchone()[0]
+    assert sum(c["cost_usd"] for c in session["calls"]) == pytest.approx(total)
+    last = example_viewer.json(f"/api/call?id={session['calls'][-1]['call_id']}")
+    results = [p for m in last["input"] for p in m["parts"] if p["type"] == "tool_result"]
+    assert sum(last["tool_results"][p["call_id"]]["failed"] for p in results) == 2 < len(results)
+    raw = example_viewer.json(f"/api/raw?id={session['calls'][0]['call_id']}")
+    assert json.loads(raw["request_raw"])["messages"]
+    assert example_viewer.get("/api/session?id=nope")[0] == 404
+    assert example_viewer.get("/api/sessions?sort=colour")[0] == 400
+    assert example_viewer.get("/api/tokens?session=x")[0] == 400
+
+
+def test_report_links_to_the_list(example_viewer):
+    status, body, kind = example_viewer.get("/report?by=task")
+    assert status == 200 and kind.startswith("text/html")
+    links = re.findall(r'<a href="/#/\?task=([^"]+)">', body.decode())
+    assert "fix-calc" in links and len(links) == 7
+    listed = example_viewer.json("/api/sessions?task=fix-calc")["sessions"]
+    assert len(listed) == 3
+
+
+def test_images_and_token_view_json(chat_viewer, chat_data):
+    session = chat_viewer.json("/api/session?id=chat-image")
+    call = chat_viewer.json(f"/api/call?id={session['calls'][0]['call_id']}")
+    image = next(p for m in call["input"] for p in m["parts"] if p["type"] == "image")
+    status, data, kind = chat_viewer.get(f"/api/blob?session=chat-image&hash={image['blob_hash']}")
+    assert (status, data, kind) == (200, _png(), "image/png")
+
+    view = chat_viewer.json("/api/tokens?session=chat-multi&segment=0")
+    engine, rendered = view["engine"], view["rendered"]
+    assert engine["ids"] and len(engine["ids"]) == len(engine["mask"]) == len(engine["text"])
+    assert "".join(engine["text"]) .startswith("<|im_start|>user")
+    assert 0 < sum(engine["mask"]) < len(engine["mask"])
+    kinds = {d["kind"] for d in view["drift"]}
+    assert "stripped_think" in kinds  # veRL's re-render drops the answer's <think> block
+    think = next(d for d in view["drift"] if d["kind"] == "stripped_think")
+    assert "<think>" in "".join(engine["text"][think["engine"][0]: think["engine"][1]])
+    plain = chat_viewer.json("/api/tokens?session=chat-plain&segment=0")
+    assert plain["engine"] is None and plain["rendered"]["ids"] and plain["drift"] is None
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/no/such/dataset"], "/no/such/dataset"),
+    ([str(EXAMPLE), "--listen", "localhost"], "expected HOST:PORT"),
+    ([str(EXAMPLE), "--listen", "127.0.0.1:99999"], "expected HOST:PORT"),
+    ([str(EXAMPLE), "--listen", "192.0.2.1:8765"], "cannot listen there"),
+])
+def test_bad_input_is_one_line(args, message):
+    r = subprocess.run([FORGE_ANALYZE, "view", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr and "Traceback" not in r.stderr
+
+
+# --- in the browser ------------------------------------------------------------------------------
+
+
+async def _until(dt: DevTools, expression: str, timeout: float = 30) -> object:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = (await dt.send("Runtime.evaluate", expression=expression, returnByValue=True,
+                               awaitPromise=True))["result"].get("value")
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    page = (await dt.send("Runtime.evaluate", expression="document.querySelector('main').innerHTML.slice(0, 2000)",
+                          returnByValue=True))["result"].get("value")
+    raise AssertionError(f"timed out waiting for: {expression}\npage: {page}")
+
+
+async def _go(dt: DevTools, url: str) -> None:
+    await dt.send("Runtime.evaluate", expression=f"location.href = {json.dumps(url)}")
+    await _until(dt, f"document.body.dataset.ready === {json.dumps(url[url.index('#'):])}")
+
+
+async def _browse(ws_url: str, base: str, shots: Path) -> dict:
+    import websockets
+
+    async with websockets.connect(ws_url, max_size=None) as ws:
+        dt = DevTools(ws)
+        for domain in ("Page", "Runtime", "Log"):
+            await dt.send(f"{domain}.enable")
+        await dt.send("Page.navigate", url=base + "#/")
+        await _until(dt, "document.body.dataset.ready === '#/'")
+        seen = {"list": await _until(dt, "[...document.querySelectorAll('#sessions tr[data-session]')]"
+                                         ".map(r => r.dataset.session)")}
+        await dt.send("Runtime.evaluate", expression="document.querySelector('#f-q').value = 'paris';"
+                                                     "document.querySelector('#f-q').onchange()")
+        await _until(dt, "document.body.dataset.ready === '#/?q=paris&sort=time&dir=desc'")
+        seen["search"] = await _until(dt, "[...document.querySelectorAll('#sessions tr[data-session]')]"
+                                          ".map(r => r.dataset.session)")
+        await dt.send("Runtime.evaluate", expression="document.querySelector('tr[data-session=\"chat-tools\"]').click()")
+        await _until(dt, "document.body.dataset.ready === '#/session/chat-tools'")
+        seen["calls"] = await _until(dt, "document.querySelectorAll('tr.call').length")
+        seen["facts"] = await _until(dt, "document.querySelector('#session-facts').innerText")
+        await dt.send("Runtime.evaluate", expression="document.querySelectorAll('tr.call')[1].click()")
+        await _until(dt, "document.body.dataset.ready.includes('/call/')")
+        seen["call"] = await _until(dt, """({messages: document.querySelectorAll('#detail .message').length,
+            history: document.querySelectorAll('#detail .message.history').length,
+            reasoning: document.querySelectorAll('#detail .message:not(.history) .part.reasoning').length,
+            results: document.querySelectorAll('#detail .message:not(.history) .part.tool_result').length,
+            facts: document.querySelector('#call-facts').innerText})""")
+        await dt.send("Runtime.evaluate", expression="document.querySelector('#show-raw').click()")
+        seen["raw"] = await _until(dt, "document.querySelectorAll('#raw pre').length === 2 && "
+                                       "document.querySelector('#raw pre').innerText.slice(0, 200)")
+        shot = (await dt.send("Page.captureScreenshot", format="png"))["data"]
+        (shots / "viewer-call.png").write_bytes(base64.b64decode(shot))
+        await dt.send("Runtime.evaluate", expression="document.querySelector('a.token-link').click()")
+        await _until(dt, "document.body.dataset.ready === '#/session/chat-tools/tokens/0'")
+        seen["tokens"] = await _until(dt, """({engine: document.querySelectorAll('#engine-tokens .tok').length,
+            loss: document.querySelectorAll('#engine-tokens .tok.loss').length,
+            drift: document.querySelectorAll('#engine-tokens .tok.drift').length,
+            rendered: document.querySelectorAll('#rendered-tokens .tok').length,
+            summary: document.querySelector('#drift-summary').innerText})""")
+        await _go(dt, base + "#/session/chat-image/call/" + await _until(
+            dt, "fetch('/api/session?id=chat-image').then(r => r.json()).then(s => s.calls[0].call_id)"))
+        seen["image"] = await _until(dt, "[...document.querySelectorAll('#detail img')].map(i => i.naturalWidth)"
+                                         ".filter(w => w > 0)")
+        seen["errors"] = await dt.send("Runtime.evaluate", returnByValue=True,
+                                       expression="document.querySelectorAll('#load-error').length")
+        seen["problems"] = dt.problems()
+        return seen
+
+
+@pytest.mark.slow
+def test_browse_list_session_call_tokens_in_chromium(chat_viewer, tmp_path):
+    proc, ws_url = _chromium(tmp_path / "profile")
+    try:
+        seen = asyncio.run(_browse(ws_url, chat_viewer.url, tmp_path))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert seen["problems"] == []
+    assert seen["errors"]["result"]["value"] == 0
+    assert sorted(seen["list"]) == ["chat-image", "chat-multi", "chat-plain", "chat-tools"]
+    assert seen["search"] == ["chat-tools"]
+    assert seen["calls"] == 2
+    assert re.search(r"harness\s+openai-python", seen["facts"]) and "object" not in seen["facts"], seen["facts"]
+    call = seen["call"]
+    # the second call continues the first: its 3 earlier messages are folded away, the tool result is new
+    assert (call["messages"], call["history"], call["reasoning"], call["results"]) == (5, 3, 1, 1)
+    assert "HTTP 200" in call["facts"] and "first byte" in call["facts"]
+    assert '"messages"' in seen["raw"]
+    tokens = seen["tokens"]
+    assert tokens["engine"] == 295 and tokens["rendered"] == 273  # the sample forge-convert writes, both ways
+    assert 0 < tokens["loss"] < tokens["engine"] and tokens["drift"] > 0
+    assert "stripped_think" in tokens["summary"]
+    assert seen["image"] == [48]
+    png = (tmp_path / "viewer-call.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    if os.environ.get("FORGERL_UPDATE_DOCS"):
+        shutil.copy(tmp_path / "viewer-call.png", REPO / "analysis" / "viewer" / "screenshot.png")
