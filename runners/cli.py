@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument("--kubeconfig", default="")
     k8s.add_argument("--namespace", default="forgerl")
     k8s.add_argument("--image", default="", help="rollout image (default: the template's)")
+    k8s.add_argument("--image-registry", default="", metavar="REG",
+                     help="Harbor tasks without docker_image run in REG/harbor-<task>:<hash of environment/>, "
+                          "built and pushed beforehand (runners/README.md#harbor-tasks)")
     k8s.add_argument("--pod-template", default="", metavar="YAML", help="default: deploy/pod-template.yaml")
     k8s.add_argument("--pod-tasks", default="/tasks", help="TASKS as mounted in the pods")
     k8s.add_argument("--pod-dataset", default="/data", help="the dataset root as mounted in the pods")
@@ -149,6 +152,7 @@ def _runner(args: argparse.Namespace, recorder_url: str):
     return KubernetesRunner(harness, recorder_url, api_client(args.kube_api, args.kubeconfig),
                             namespace=args.namespace, template=template, image=args.image,
                             pod_tasks=args.pod_tasks, pod_dataset=args.pod_dataset, parallel=args.parallel,
+                            image_registry=args.image_registry,
                             retries=args.retries, model=model, timeout_s=args.timeout)
 
 

@@ -47,6 +47,8 @@ LOG_TAIL_BYTES = 8000
 STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                  "CreateContainerError", "CrashLoopBackOff")
 LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
+FORGERL_BUNDLE = "/opt/forgerl"  # in the rollout image: a self-contained forgerl (deploy/README.md)
+FORGERL_MOUNT = "/forgerl"  # where a task's own image finds it
 
 
 def label(value: str) -> str:
@@ -102,6 +104,7 @@ class KubernetesRunner(BatchRunner):
     timeout_s: float | None = None
     deadline_grace_s: float = DEADLINE_GRACE_S
     name: str = "kubernetes"
+    image_registry: str = ""  # where images built from Harbor tasks' environment/ are pushed
 
     retry_backoff_s: float = RETRY_BACKOFF_S
 
@@ -126,6 +129,9 @@ class KubernetesRunner(BatchRunner):
         container = spec["containers"][0]
         if self.image:
             container["image"] = self.image
+        task_image = task.container_image(self.image_registry)
+        if task_image:
+            in_task_image(spec, container, task_image)
         forge_env = {"FORGE_TASKS": self.pod_tasks, "FORGE_TASK_ID": task.id, "FORGE_ATTEMPT": str(rollout.attempt),
                      "FORGE_HARNESS": self.harness.name, "FORGE_SESSION_ID": session,
                      "FORGE_RECORDER_URL": self.recorder_url, "FORGE_DATASET": self.pod_dataset,
@@ -207,9 +213,26 @@ class KubernetesRunner(BatchRunner):
             raise InfraError(result.get("error") or "the pod reported an infra error")
         extra = {"final_answer": result.get("final_answer"), "returncode": result.get("returncode"),
                  "seconds": result.get("seconds"), "enforced": result.get("enforced"),
-                 "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None}
+                 "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None,
+                 **{k: result[k] for k in ("environment", "verifier") if k in result}}
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, result["scores"],
                               bool(result.get("timed_out")), result.get("returncode"), model=self.model, extra=extra)
+
+
+def in_task_image(spec: dict, container: dict, image: str) -> None:
+    """Run the pod entry in the task's own image (a Harbor task's): an init container copies the rollout image's
+    self-contained forgerl (`FORGERL_BUNDLE`: its own Python, forgerl, the harness CLIs) into a volume the task's
+    container runs it from; the jail's namespaces (a fresh /tests and /logs/verifier) need CAP_SYS_ADMIN."""
+    spec.setdefault("initContainers", []).append({
+        "name": "forgerl", "image": container["image"], "command": ["cp", "-a", f"{FORGERL_BUNDLE}/.", FORGERL_MOUNT],
+        "volumeMounts": [{"name": "forgerl", "mountPath": FORGERL_MOUNT}]})
+    spec.setdefault("volumes", []).append({"name": "forgerl", "emptyDir": {}})
+    container["image"] = image
+    container["command"] = [f"{FORGERL_MOUNT}/bin/python3", "-m", "forgerl.runners.pod"]
+    container.setdefault("volumeMounts", []).append({"name": "forgerl", "mountPath": FORGERL_MOUNT, "readOnly": True})
+    security = container.setdefault("securityContext", {})
+    capabilities = security.setdefault("capabilities", {})
+    capabilities["add"] = sorted({*capabilities.get("add", []), "SYS_ADMIN"})
 
 
 def _report(pod: client.V1Pod) -> PodReport | None:

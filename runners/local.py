@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .grading import GradeInput, Judge
 from .harnesses import Harness, RunContext
-from .rollout import BatchRunner, InfraError, Outcome, Rollout, grade_session, now, prepare_workspace
+from .rollout import BatchRunner, InfraError, Outcome, Rollout, grade_session, now, prepare_workspace, verdict_of
 from .sandbox import Sandbox
 
 # What a harness inherits from the runner's environment; nothing else (keys come through RunContext.env).
@@ -86,10 +86,7 @@ class LocalRunner(BatchRunner):
                     result = sandbox.run(layout.wall_clock_s(agent_s) if layout else agent_s)
             except OSError as e:
                 raise InfraError(f"sandbox failed to start: {e}") from None
-        try:
-            verdict = layout.verdict() if layout else None
-        except OSError as e:
-            raise InfraError(str(e)) from None
+        verdict = verdict_of(layout)
         timings["harness"] = round(result.seconds, 4)
         clock = time.monotonic()
         final_answer = self.harness.final_answer(result.stdout, ctx)

@@ -30,7 +30,7 @@ from forgerl.recorder.writer_process import RecorderFailure
 from .grading import GradeInput
 from .harnesses import RunContext, get_harness
 from .local import PASSTHROUGH_ENV
-from .rollout import InfraError, grade_session, prepare_workspace
+from .rollout import InfraError, grade_session, prepare_workspace, verdict_of
 from .sandbox import Sandbox
 from .tasks import find_task
 
@@ -57,24 +57,34 @@ def run_pod(env: dict[str, str]) -> dict:
     session = env["FORGE_SESSION_ID"]
     try:
         prepare_workspace(task, workspace)
-        with Sandbox(work, env["FORGE_RECORDER_URL"], isolate_network=False) as sandbox:
+        layout = task.layout(work, workspace, in_image=True)  # a Harbor task, in its own image: its verifier
+        cwd = Path(layout.workdir) if layout else workspace
+        agent_s = float(env.get("FORGE_TIMEOUT_S") or task.timeout_s)
+        # The pod isolates the network (NetworkPolicy); a layout's mount namespace comes with the jail's others.
+        with Sandbox(work, env["FORGE_RECORDER_URL"], isolate_network=layout is not None) as sandbox:
             keys = {k: v for k, v in env.items() if k in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
-            ctx = RunContext(task.prompt, workspace, home, sandbox.base_url, session, env.get("FORGE_MODEL", ""), keys,
+            ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, env.get("FORGE_MODEL", ""), keys,
                              mcp_servers=task.mcp_servers)
             argv, harness_env = harness.full_command(harness.find(), ctx)
             run_env = {k: env[k] for k in PASSTHROUGH_ENV if k in env} | harness_env
-            sandbox.confine(argv, run_env, workspace, cpu_s=task.cpu_s, memory_mb=task.memory_mb)
-            result = sandbox.run(float(env.get("FORGE_TIMEOUT_S") or task.timeout_s))
+            try:
+                sandbox.confine(argv, run_env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
+                                harness_timeout_s=agent_s)
+            except OSError as e:
+                raise InfraError(f"sandbox failed to start: {e}") from None
+            result = sandbox.run(layout.wall_clock_s(agent_s) if layout else agent_s)
+        verdict = verdict_of(layout)
         final_answer = harness.final_answer(result.stdout, ctx)
-        run = GradeInput(Path(env["FORGE_DATASET"]), session, workspace, final_answer)
+        run = GradeInput(Path(env["FORGE_DATASET"]), session, workspace, final_answer, verdict=verdict)
         scores = grade_session(task, run, env["FORGE_RECORDER_URL"])
     except InfraError as e:
         return {"session": session, "status": "infra_error", "error": str(e)}
     except RecorderFailure as e:
         return {"session": session, "status": RECORDER_FAILURE, "error": str(e)}
-    return {"session": session, "status": "graded", "scores": scores, "timed_out": result.timed_out,
+    return {"session": session, "status": "graded", "scores": scores,
+            "timed_out": verdict.agent_timed_out if verdict else result.timed_out,
             "returncode": result.returncode, "seconds": round(result.seconds, 3), "enforced": sandbox.enforced,
-            "final_answer": final_answer}
+            "final_answer": final_answer, **(layout.outcome_notes(verdict) if layout else {})}
 
 
 def main() -> int:

@@ -37,6 +37,7 @@ from forgerl.schema.store import MANIFEST, DatasetWriter
 from .grading import GradeInput, GradingError
 from forgerl.schema.sessions import session_count
 from .tasks import Task
+from .verifier import Layout, Verdict
 
 
 class InfraError(RuntimeError):
@@ -97,6 +98,14 @@ def grade_session(task: Task, run: GradeInput, recorder_url: str) -> dict[str, f
     try:
         return task.score(run)
     except GradingError as e:
+        raise InfraError(str(e)) from None
+
+
+def verdict_of(layout: Layout | None) -> Verdict | None:
+    """What the rollout's verifier stage reported, if it has one; InfraError if the stage never reported."""
+    try:
+        return layout.verdict() if layout else None
+    except OSError as e:
         raise InfraError(str(e)) from None
 
 

@@ -99,8 +99,16 @@ class Task:
     def passes(self, reward: float) -> bool:
         return reward >= self.pass_threshold
 
-    def layout(self, rollout_dir: Path, workspace: Path) -> Layout | None:
-        """Fixed paths and a verifier after the agent that a rollout needs (`verifier.Layout`); None: neither."""
+    def layout(self, rollout_dir: Path, workspace: Path, in_image: bool = False) -> Layout | None:
+        """Fixed paths and a verifier after the agent that a rollout needs (`verifier.Layout`); None: neither.
+
+        `in_image`: the rollout runs in the task's own image (a Kubernetes pod), whose working directory is
+        already there; else the workspace is bound at it.
+        """
+        return None
+
+    def container_image(self, registry: str) -> str | None:
+        """The image a pod of this task runs in; None: the runner's rollout image (`--image`)."""
         return None
 
 

@@ -12,6 +12,7 @@ attempted reward preemption). Recorder and upstream are real.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -170,3 +171,53 @@ def test_no_namespaces_is_an_infra_error_with_the_reason(stack):
         [outcome] = runner.run([Rollout(task, 0)], writer)
     assert outcome.status == "infra_error" and "needs a mount and a PID namespace" in outcome.error
     assert "network isolation is off" in outcome.error
+
+
+def in_image_task(folder: Path) -> Path:
+    """A Harbor task whose image's working directory is `folder/image-app` (made here, as its image would hold it)."""
+    task = folder / "in-image"
+    shutil.copytree(HARBOR / "hello", task)
+    app = folder / "image-app"
+    app.mkdir()
+    (app / "from-the-image.txt").write_text("built in\n")
+    (task / "environment" / "Dockerfile").write_text(f"FROM ubuntu:24.04\nWORKDIR {app}\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n[ \"$(cat hello.txt)\" = hello ] && [ -f from-the-image.txt ] && [ \"$PWD\" = " + str(app)
+        + " ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+    return task
+
+
+def test_kubernetes_pods_run_in_the_task_image(tmp_path):
+    from kubernetes import client
+
+    from forgerl.runners.kubernetes import FORGERL_MOUNT, KubernetesRunner
+
+    runner = KubernetesRunner(get_harness("claude-code"), "http://recorder:8787", client.ApiClient(),
+                              image="forgerl/rollout:1", image_registry="registry.local:5000")
+    [slow] = load_tasks(HARBOR / "slow-verifier")
+    pod = runner.pod_manifest(Rollout(slow, 0), "s-1")
+    [container], [init] = pod["spec"]["containers"], pod["spec"]["initContainers"]
+    assert container["image"] == "ghcr.io/example/slow-verifier:1" and init["image"] == "forgerl/rollout:1"
+    assert container["command"][0] == f"{FORGERL_MOUNT}/bin/python3" and init["command"][0] == "cp"
+    assert "SYS_ADMIN" in container["securityContext"]["capabilities"]["add"]
+    [hello] = load_tasks(HARBOR / "hello")
+    built = runner.pod_manifest(Rollout(hello, 0), "s-2")["spec"]["containers"][0]["image"]
+    assert built == harbor.built_image(hello, "registry.local:5000")
+    runner.image_registry = ""
+    with pytest.raises(TaskError, match="--image-registry"):
+        runner.pod_manifest(Rollout(hello, 0), "s-3")
+
+
+@pytest.mark.slow
+def test_the_pod_entry_runs_a_harbor_task_in_its_image(stack, tmp_path):
+    from forgerl.runners.pod import run_pod
+
+    root, rec = stack
+    task = in_image_task(tmp_path)
+    env = {"FORGE_TASKS": str(task), "FORGE_TASK_ID": "in-image", "FORGE_HARNESS": "claude-code",
+           "FORGE_RECORDER_URL": rec.config.url, "FORGE_SESSION_ID": f"in-image-{uuid.uuid4().hex[:6]}",
+           "FORGE_DATASET": str(root / "data"), "FORGE_WORKDIR": str(tmp_path / "work"), "PATH": os.environ["PATH"]}
+    result = run_pod(env)
+    assert result["status"] == "graded" and result["scores"] == {"reward": 1.0}, result
+    assert result["environment"] == "image" and result["verifier"]["error"] is None
+    assert (tmp_path / "image-app" / "hello.txt").read_text().strip() == "hello"  # the image's own folder

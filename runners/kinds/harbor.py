@@ -95,8 +95,12 @@ class HarborTask(Task):
         value = scores["reward"] if "reward" in scores else sum(scores.values()) / len(scores) if scores else 0.0
         return Reward(reward=min(1.0, max(0.0, value)), graded={"verifier": {"weight": 1.0, "score": value}})
 
-    def layout(self, rollout_dir: Path, workspace: Path) -> Layout:
-        """The workspace at the working directory, a fresh /tests and /logs/verifier, the verifier after the agent."""
+    def container_image(self, registry: str) -> str:
+        return built_image(self, registry)
+
+    def layout(self, rollout_dir: Path, workspace: Path, in_image: bool = False) -> Layout:
+        """The workspace at the working directory (unless the image has it), a fresh /tests and /logs/verifier,
+        the verifier after the agent."""
         for name in ("root", "tests", "logs-verifier", "logs-agent", "verifier-status"):
             (rollout_dir / name).mkdir()
         env = {k: os.environ[k] for k in VERIFIER_ENV if k in os.environ} | self.env | self.verifier_env
@@ -104,14 +108,17 @@ class HarborTask(Task):
                               cwd=self.workdir, env=env, tests_source=str(self.path / "tests"),
                               tests_dir=str(rollout_dir / "tests"), logs_dir=str(rollout_dir / "logs-verifier"),
                               status_path=str(rollout_dir / "verifier-status"))
-        binds = [(self.workdir, str(workspace)), ("/logs/agent", str(rollout_dir / "logs-agent")),
+        binds = [("/logs/agent", str(rollout_dir / "logs-agent")),
                  (LOGS_VERIFIER, ""), (TESTS, "")]  # the verifier stage binds these after the agent
+        if in_image:
+            return Layout(root=str(rollout_dir / "root"), workdir=self.workdir, binds=binds, verifier=stage,
+                          notes={"environment": "image"})
         notes = {"environment": "host", "dockerfile_not_honoured": list(self.not_honoured),
                  "docker_image_not_used": self.docker_image or None,
                  "network": "recorder only" + (" (the task allows the internet: not granted)"
                                                if self.allow_internet else "")}
-        return Layout(root=str(rollout_dir / "root"), workdir=self.workdir, binds=binds, verifier=stage,
-                      env=self.env, notes=notes)
+        return Layout(root=str(rollout_dir / "root"), workdir=self.workdir, binds=[(self.workdir, str(workspace)),
+                      *binds], verifier=stage, env=self.env, notes=notes)
 
 
 def _table(spec: dict, name: str, where: Path) -> dict:
@@ -249,6 +256,9 @@ def built_image(task: HarborTask, registry: str) -> str:
     """The task's image: `docker_image`, else `REGISTRY/harbor-<id>:<hash of environment/>` (built from it)."""
     if task.docker_image:
         return task.docker_image
+    if not registry:
+        raise TaskError(f"{task.id}: no [environment] docker_image: name the registry its environment/ image is "
+                        f"pushed to (forge-run --image-registry REG)")
     digest = hashlib.sha256()
     context = task.path / "environment"
     for path in sorted(p for p in context.rglob("*") if p.is_file()):
