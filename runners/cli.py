@@ -16,9 +16,20 @@ through `forge-record serve --policy` (serve mode, token ids recorded). A
 recorder is started on a free loopback port for the run, or given with
 --recorder-url (a `forge-record serve` the pods can reach, e.g. deploy/recorder.yaml).
 
+A Harbor task directory (task.toml, instruction.md, environment/,
+tests/test.sh), or a folder of them, runs the agent and then tests/test.sh
+in the same jail with the verifier's own timeout; the reward is what it
+writes to /logs/verifier/reward.txt or reward.json, and the agent cannot
+write it first. The local runner builds no image: it runs on this machine's
+tools (outcomes say environment: host and list the Dockerfile steps not
+honoured) with /app, /tests and /logs/verifier of each rollout's own (mount
+namespace); Kubernetes pods run in the task's image
+(runners/README.md#harbor-tasks).
+
 Finished rollouts (same task, attempt, harness and policy version) are
-skipped, so an interrupted run resumes. The final table gives pass@k / pass^k
-per task. --watch keeps going: whenever the endpoint's policy version changes
+skipped, so an interrupted run resumes. The final tables give pass@k /
+pass^k per task, then the per-task pass rates (solved never, sometimes,
+always). --watch keeps going: whenever the endpoint's policy version changes
 (its /v1/models root or id, or --policy-version-from), it runs the tasks
 again with every call and outcome tagged with that version.
 """

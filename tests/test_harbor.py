@@ -103,7 +103,8 @@ def test_a_task_without_its_verifier_is_a_task_error(tmp_path):
 def test_the_built_image_is_named_by_its_environment():
     task = harbor.load_task(HARBOR / "hello")
     name = harbor.built_image(task, "registry.local:5000/")
-    assert name.startswith("registry.local:5000/harbor-hello:") and name == harbor.built_image(task, "registry.local:5000")
+    assert name.startswith("registry.local:5000/harbor-hello:")
+    assert name == harbor.built_image(task, "registry.local:5000")
     assert harbor.built_image(harbor.load_task(HARBOR / "slow-verifier"), "r") == "ghcr.io/example/slow-verifier:1"
 
 
@@ -221,3 +222,22 @@ def test_the_pod_entry_runs_a_harbor_task_in_its_image(stack, tmp_path):
     assert result["status"] == "graded" and result["scores"] == {"reward": 1.0}, result
     assert result["environment"] == "image" and result["verifier"]["error"] is None
     assert (tmp_path / "image-app" / "hello.txt").read_text().strip() == "hello"  # the image's own folder
+
+
+@pytest.mark.slow
+def test_forge_run_runs_a_harbor_folder_and_closes_with_the_pass_rates(scripted, tmp_path):
+    import subprocess
+    import sys
+
+    up = scripted(commands)
+    forge_run = str(Path(sys.executable).with_name("forge-run"))
+    r = subprocess.run([forge_run, str(HARBOR), "--task", "hello", "--task", "checks-json", "--harness", "claude-code",
+                        "--upstream", up.url, "--attempts", "1", "--parallel", "2", "--out", str(tmp_path / "data")],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rates = {cells[0]: cells for line in r.stdout.splitlines() if line.startswith("│")
+             for cells in [[c.strip() for c in line.strip("│ ").split("│")]]}
+    # checks-json: the scripted agent writes "unsolved" as the answer, so it half-passes (0.5) and never passes
+    assert rates["hello"] == ["hello", "claude-code", "(none)", "1", "1", "1.000", "1.000", "always"]
+    assert rates["checks-json"] == ["checks-json", "claude-code", "(none)", "1", "0", "0.000", "0.500", "never"]
+    assert "2 task rows: 1 never solved, 0 sometimes, 1 always" in r.stdout

@@ -44,7 +44,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..grading import GradeInput, Reward
+from ..grading import GradeInput, GradingError, Reward
 from ..tasks import DEFAULT_TIMEOUT_S, Task, TaskError, WorkspaceFile
 from ..verifier import LOGS_VERIFIER, TESTS, Layout, VerifierStage
 
@@ -87,8 +87,8 @@ class HarborTask(Task):
 
     def score(self, run: GradeInput) -> dict[str, float]:
         verdict = run.verdict
-        if verdict is None:
-            raise TaskError(f"{self.id}: a Harbor task is graded by its verifier stage, which did not run")
+        if verdict is None:  # a runner that ran no verifier stage: not the agent's fault
+            raise GradingError(f"{self.id}: a Harbor task is graded by its verifier stage, which did not run")
         return verdict.rewards if verdict.rewards is not None else {"reward": 0.0}
 
     def reward(self, scores: dict[str, float]) -> Reward:
@@ -176,7 +176,7 @@ class Dockerfile:
 
     workdir: str = DEFAULT_WORKDIR
     env: dict[str, str] = field(default_factory=dict)
-    copies: list[tuple[str, str, bool]] = field(default_factory=list)  # (context source, dest in workdir, into a folder)
+    copies: list[tuple[str, str, bool]] = field(default_factory=list)  # (context source, dest, into a folder)
     skipped: list[str] = field(default_factory=list)
 
     @classmethod
