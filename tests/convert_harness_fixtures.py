@@ -9,15 +9,27 @@ summary. Codex: one exec_command tool loop.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness_checks import forge_record_run
+from forgerl.recorder.launch import harness_env
+
+from harness_checks import forge_record_run, serve_script
 from scripted_upstream import Request, ToolCall, Turn, saw_tool_result
 
 SUB_PROMPT = "Count the files in the current directory and report the number."
 SUMMARY = "Summary of the conversation so far: the subagent counted the files and reported 42 of them."
+CLAUDE_RUNS = (["-p", "How many files are here? Use a subagent."], ["-p", "/compact", "--continue"],
+               ["-p", "Remind me of the count.", "--continue"])
+CLAUDE_FLAGS = ["--output-format", "json", "--dangerously-skip-permissions"]
+_DELEGATE = json.dumps({"name": "Agent", "arguments": {"description": "Count files", "prompt": SUB_PROMPT,
+                                                       "subagent_type": "general-purpose"}})
+# what the policy writes in the served runs: delegate, the subagent's answer, the answer, the summary, the last
+SERVED_CLAUDE_TURNS = [f"I will delegate.\n<tool_call>\n{_DELEGATE}\n</tool_call>", "The directory holds 42 files.",
+                       "Done: there are 42 files.", SUMMARY, "There are 42 files."]
 
 
 def _user_texts(message: dict[str, Any]) -> list[str]:
@@ -54,13 +66,32 @@ def record_claude(claude: Path, base: Path, upstream: str) -> list[subprocess.Co
     home.mkdir(parents=True, exist_ok=True)
     env = {"ANTHROPIC_API_KEY": "sk-ant-api03-converttestconverttest", "IS_SANDBOX": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    common = ["--output-format", "json", "--dangerously-skip-permissions"]
     runs = []
-    for args in (["-p", "How many files are here? Use a subagent."], ["-p", "/compact", "--continue"],
-                 ["-p", "Remind me of the count.", "--continue"]):
-        runs.append(forge_record_run([str(claude), *args, *common], out=base / "data", session="cc",
+    for args in CLAUDE_RUNS:
+        runs.append(forge_record_run([str(claude), *args, *CLAUDE_FLAGS], out=base / "data", session="cc",
                                      upstream=upstream, work=work, home=home, env=env, timeout=240))
     return runs
+
+
+def record_served_claude(claude: Path, base: Path) -> Path:
+    """The same three Claude Code runs answered by `forge-record serve --policy script:` (the policy's token
+    ids and logprobs recorded, session `cc`): a served rollout with a subagent and a compaction. Returns the
+    dataset folder."""
+    work, home = base / "work", base / "home"
+    work.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    served = serve_script(base, SERVED_CLAUDE_TURNS)
+    env = {**os.environ, "HOME": str(home), **harness_env(served.url, "cc"),
+           "ANTHROPIC_API_KEY": "sk-ant-api03-servedservedserved", "IS_SANDBOX": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    try:
+        for args in CLAUDE_RUNS:
+            r = subprocess.run([str(claude), *args, *CLAUDE_FLAGS], cwd=work, env=env, capture_output=True,
+                               text=True, timeout=240, stdin=subprocess.DEVNULL)
+            assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        served.stop()
+    return base / "data"
 
 
 def record_codex(codex: Path, base: Path, upstream: str) -> subprocess.CompletedProcess:

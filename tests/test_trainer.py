@@ -119,6 +119,29 @@ def test_rl_dry_run_sizes_lengths_from_recorded_tokens(shards, tmp_path):
     assert config.reward.custom_reward_function.reward_kwargs.tasks == entry["tasks"]
 
 
+def test_rl_config_trains_every_segment(shards, tmp_path, capsys):
+    r = forge("forge-train", *rl_args(shards, tmp_path, "--lengths-from", str(shards["tokens"]),
+                                      "--segment-reward", "discount", "--gamma", "0.8"))
+    assert r.returncode == 0, r.stderr
+    config = OmegaConf.load(tmp_path / "rl" / "rl_config.yaml")
+    assert OmegaConf.to_container(config.forgerl) == {"rows": "thread", "segment_reward": "discount", "gamma": 0.8,
+                                                      "weighting": "rollout"}
+    assert config.trainer.use_v1 is True
+    manager = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert manager == "forgerl.trainer.segment_manager.SegmentAgentLoopManager"
+    from forgerl.trainer.segment_rl import Expansion
+
+    assert Expansion.of(config) == Expansion("thread", "discount", 0.8, "rollout")  # what the loop and workers read
+    from forgerl.trainer.cli import build_parser, main
+    from forgerl.trainer.rl import expansion_overrides
+
+    last = expansion_overrides(build_parser().parse_args(rl_args(shards, tmp_path, "--rows", "last")))
+    assert last[0] == "+forgerl.rows=last" and not any("agent_loop_manager_class" in o for o in last)
+    assert main(rl_args(shards, tmp_path, "--lengths-from", str(shards["tokens"]), "--segment-reward", "discount",
+                        "--gamma", "1.5")) == 2
+    assert capsys.readouterr().err.strip() == "forge-train: --segment-reward discount needs 0 < --gamma < 1, not 1.5"
+
+
 def test_rl_refuses_to_truncate(shards, tmp_path):
     r = forge("forge-train", *rl_args(shards, tmp_path, "--lengths-from", str(shards["tokens"]), "--prompt-length", "8"))
     assert r.returncode == 2 and "recorded samples need prompt_length >=" in r.stderr

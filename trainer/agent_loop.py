@@ -19,6 +19,10 @@ and the task's reward.
   the runner's flush barrier has made them durable: its cost does not grow
   with the dataset.
 - Task failures and agent timeouts keep their graded reward.
+- What is returned follows the PPO config's `forgerl.rows` (`segment_rl.Expansion`):
+  `last` (default) the segment holding the rollout's last call; `thread` every
+  segment, `per_call` every call, last one last, for `segment_manager.py`'s
+  workers to weigh (veRL's V1 trainer stores each output as a row).
 - A sample longer than `rollout.prompt_length` / `response_length` is never
   truncated silently: it comes back fully masked and counted
   (`forge_overlong`), with a warning; `forge-train rl` sizes both lengths from
@@ -49,7 +53,8 @@ from forgerl.runners.rollout import Outcome, Rollout
 from forgerl.schema.sessions import session_rows
 from forgerl.runners.tasks import Task, find_task, load_task
 
-from .trajectory import CALL_COLUMNS, segments
+from .segment_rl import Expansion
+from .trajectory import CALL_COLUMNS, Segment, per_call, segments
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +95,7 @@ class HarnessAgentLoop(AgentLoopBase):
         self.prompt_length = self.rollout_config.prompt_length
         self.response_length = self.rollout_config.response_length
         self.eos_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
+        self.expansion = Expansion.of(self.config)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         info = kwargs.get("extra_info") or {}
@@ -116,9 +122,12 @@ class HarnessAgentLoop(AgentLoopBase):
         """This rollout's calls only: the runner's barrier made them durable; the rest of the table is not read."""
         return session_rows(self.dataset, "calls", session, CALL_COLUMNS).to_pylist()
 
-    def output(self, outcome: Outcome, calls: list[dict[str, Any]], served: int) -> AgentLoopOutput:
-        """The sample for one finished rollout (public so it can be checked against recorded calls)."""
-        found = segments(calls)
+    def output(self, outcome: Outcome, calls: list[dict[str, Any]],
+               served: int) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """What one finished rollout trains (public so it can be checked against recorded calls): with
+        `forgerl.rows=last` the segment holding the last call; with `thread` / `per_call` every segment
+        (every call), last segment last, each with the rollout's reward (`segment_manager.py` weighs them)."""
+        found = per_call(calls) if self.expansion.rows == "per_call" else segments(calls)
         reward = outcome.row()["reward"]
         extra: dict[str, Any] = {"forge_session": outcome.session, "forge_status": outcome.status,
                                  "forge_segments": len(found), "forge_infra_error": 0, "forge_overlong": 0,
@@ -127,19 +136,24 @@ class HarnessAgentLoop(AgentLoopBase):
             log.warning("rollout %s: infrastructure failure, returned fully masked: %s", outcome.session,
                         outcome.error or "no served call was recorded")
             extra["forge_infra_error"] = 1
-            return self._masked(0.0, extra)
-        main = found[-1]
-        extra["forge_segment_id"] = f"{outcome.session}:{main.index}"  # the stored segment, as forge-convert names it
-        extra["forge_dropped_model_tokens"] = sum(s.model_tokens for s in found[:-1])
-        if len(main.prompt_ids) > self.prompt_length or len(main.response_ids) > self.response_length:
+            masked = self._masked(0.0, extra)
+            return masked if self.expansion.rows == "last" else [masked]
+        if self.expansion.rows == "last":
+            extra["forge_dropped_model_tokens"] = sum(s.model_tokens for s in found[:-1])
+            return self._sample(found[-1], float(reward), extra, outcome.session)
+        return [self._sample(seg, float(reward), dict(extra), outcome.session) for seg in found]
+
+    def _sample(self, seg: Segment, reward: float, extra: dict[str, Any], session: str) -> AgentLoopOutput:
+        extra["forge_segment_id"] = seg.sample_id(session)  # the stored segment, as forge-convert names it
+        if len(seg.prompt_ids) > self.prompt_length or len(seg.response_ids) > self.response_length:
             log.warning("rollout %s: %d prompt + %d response tokens exceed rollout.prompt_length=%d / "
-                        "response_length=%d; returned fully masked instead of truncating", outcome.session,
-                        len(main.prompt_ids), len(main.response_ids), self.prompt_length, self.response_length)
+                        "response_length=%d; returned fully masked instead of truncating", session,
+                        len(seg.prompt_ids), len(seg.response_ids), self.prompt_length, self.response_length)
             extra["forge_overlong"] = 1
-            return self._masked(float(reward), extra)
-        return AgentLoopOutput(prompt_ids=main.prompt_ids, response_ids=main.response_ids,
-                               response_mask=main.response_mask, response_logprobs=main.response_logprobs,
-                               reward_score=float(reward), num_turns=2 * main.calls,
+            return self._masked(reward, extra)
+        return AgentLoopOutput(prompt_ids=seg.prompt_ids, response_ids=seg.response_ids,
+                               response_mask=seg.response_mask, response_logprobs=seg.response_logprobs,
+                               reward_score=reward, num_turns=2 * seg.calls,
                                metrics=AgentLoopMetrics(), extra_fields=extra)
 
     def _masked(self, reward: float, extra: dict[str, Any]) -> AgentLoopOutput:

@@ -6,7 +6,16 @@ Writes two files and launches `verl.trainer.main_ppo` on them:
   `forgerl_harness` (`trainer/agent_loop.py`) with the harness, the task
   source and the dataset root the rollouts are recorded into;
 - `rl_config.yaml`: the complete PPO config (veRL's own, composed with our
-  overrides), GRPO by default.
+  overrides), GRPO by default, on veRL's V1 trainer.
+
+Every segment trains (`--rows thread`, the default; `per_call`: every call;
+`last`: only the segment holding the final call): the config's `forgerl`
+section says how a rollout becomes rows and
+`rollout.agent.agent_loop_manager_class` names `segment_manager.py`'s manager,
+whose workers give each row its reward (`--segment-reward copy|discount`,
+`--gamma`) and loss weight (`--weighting rollout|segment`); the maths is in
+`segment_rl.py`. veRL's V1 trainer needs TransferQueue (`verl[vllm]` installs
+it with tensordict 0.10), which the CPU lock here leaves out.
 
 Prompt rows are the `forge-convert --to verl-rl` shards (`--data`) or, when
 none are given, one row per task in `--tasks` (written to `tasks.parquet`).
@@ -32,8 +41,10 @@ from forgerl.runners.harnesses import get_harness
 from forgerl.runners.tasks import load_tasks
 
 from .launch import LaunchError, compose, module_command, run, write_config, yaml_list
+from .segment_rl import CONFIG_KEY, ROWS, SEGMENT_REWARDS, WEIGHTINGS
 
 AGENT_NAME = "forgerl_harness"
+MANAGER = "forgerl.trainer.segment_manager.SegmentAgentLoopManager"
 REWARD_FILE = Path(__file__).with_name("reward.py")
 
 
@@ -117,6 +128,7 @@ def overrides(args: argparse.Namespace, out: Path) -> list[str]:
         f"{rollout}.calculate_log_probs=True",
         f"{rollout}.agent.agent_loop_config_path={loop.resolve()}",
         f"{rollout}.agent.default_agent_loop={AGENT_NAME}",
+        *expansion_overrides(args),
         f"reward.custom_reward_function.path={REWARD_FILE}",
         "reward.custom_reward_function.name=compute_score",
         f"+reward.custom_reward_function.reward_kwargs.tasks={Path(args.tasks).resolve()}",
@@ -125,6 +137,18 @@ def overrides(args: argparse.Namespace, out: Path) -> list[str]:
         f"trainer.default_local_dir={(out / 'checkpoints').resolve()}",
         *args.override,
     ]
+
+
+def expansion_overrides(args: argparse.Namespace) -> list[str]:
+    """The `forgerl` section (`segment_rl.Expansion`) and, when more than one row comes from a rollout, the
+    manager that weighs them, on veRL's V1 trainer (its legacy one takes one output per rollout)."""
+    if args.segment_reward == "discount" and not 0.0 < args.gamma < 1.0:
+        raise LaunchError(f"--segment-reward discount needs 0 < --gamma < 1, not {args.gamma}")
+    section = [f"+{CONFIG_KEY}.rows={args.rows}", f"+{CONFIG_KEY}.segment_reward={args.segment_reward}",
+               f"+{CONFIG_KEY}.gamma={args.gamma}", f"+{CONFIG_KEY}.weighting={args.weighting}"]
+    if args.rows == "last":
+        return section
+    return [*section, "trainer.use_v1=True", f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}"]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -159,6 +183,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model", default="policy", help="model name the harness is told")
     p.add_argument("--policy-version", default="", help="tag recorded rollouts with this version")
     p.add_argument("--no-isolate-network", action="store_true", help="let harnesses reach the network")
+    p.add_argument("--rows", choices=ROWS, default="thread",
+                   help="what a rollout trains: every segment (thread, default), every call (per_call), or the "
+                        "segment holding the final call (last)")
+    p.add_argument("--segment-reward", choices=SEGMENT_REWARDS, default="copy",
+                   help="each row's reward: the rollout's (copy, default) or gamma^(segments after it) times it")
+    p.add_argument("--gamma", type=float, default=0.9, help="discount per segment for --segment-reward discount")
+    p.add_argument("--weighting", choices=WEIGHTINGS, default="rollout",
+                   help="rollout (default): a rollout counts once in the loss however many rows it has; "
+                        "segment: every row counts once")
     p.add_argument("--name", default="run", help="experiment name")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="further veRL overrides")
     p.add_argument("--dry-run", action="store_true", help="print the configs and the command, run nothing")

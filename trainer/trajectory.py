@@ -8,11 +8,11 @@ prompt tokens (tool results or user turns: mask 0, logprob 0) and the
 completion (the model's: mask 1, its logprobs) -- the same cut as
 `forge-convert --to tokens`.
 
-veRL 0.9.1's agent loop returns exactly one `AgentLoopOutput` per prompt row
-(`AgentLoopWorker._run_agent_loop`; `_compute_score` takes a list but is only
-ever called with one), so one segment is the sample: the one holding the
-rollout's last call, which produced the final answer the reward grades. The
-others are counted in the output's metrics, never silently merged.
+Per-call mode (`per_call`) cuts one sample per call instead: the call's whole
+prompt, then its completion -- `forge-convert --to tokens --mode per-call`'s
+cut. Either list ends with the sample holding the rollout's last call, which
+produced the final answer the reward grades; `forgerl.rows` decides whether
+the agent loop returns all of them (`segment_manager.py`) or that one.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Segment:
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
     calls: int = 0
+    position: int | None = None  # per-call samples: the call's place in its segment
 
     def add(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float] | None) -> None:
         held = len(self.prompt_ids) + len(self.response_ids)
@@ -51,6 +52,10 @@ class Segment:
     def model_tokens(self) -> int:
         return sum(self.response_mask)
 
+    def sample_id(self, session: str) -> str:
+        """The id `forge-convert` gives the same sample (`session:segment`, per call `session:segment/k`)."""
+        return f"{session}:{self.index}" + ("" if self.position is None else f"/{self.position}")
+
 
 def served_calls(calls: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The placed calls that carry token ids, in the order they were made."""
@@ -59,16 +64,35 @@ def served_calls(calls: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(kept, key=lambda c: (c["t_start"], c.get("seq") or 0, c["call_id"]))
 
 
+def _ids(call: Mapping[str, Any]) -> tuple[list[int], list[int], list[float] | None]:
+    prompt, completion = list(call["prompt_token_ids"]), list(call["completion_token_ids"])
+    logprobs = call.get("completion_logprobs")
+    if logprobs is not None and len(logprobs) != len(completion):
+        raise ValueError(f"call {call.get('call_id')}: {len(logprobs)} logprobs for {len(completion)} tokens")
+    return prompt, completion, logprobs
+
+
+def per_call(calls: Iterable[Mapping[str, Any]]) -> list[Segment]:
+    """One sample per served call, in call order: its prompt, then its completion."""
+    out = []
+    positions: dict[int, int] = {}
+    for call in served_calls(calls):
+        prompt, completion, logprobs = _ids(call)
+        index = call["segment_index"]
+        sample = Segment(index, call["segment_reason"], prompt_ids=prompt, position=positions.get(index, 0))
+        positions[index] = sample.position + 1
+        sample.add(prompt, completion, logprobs)
+        out.append(sample)
+    return out
+
+
 def segments(calls: Iterable[Mapping[str, Any]]) -> list[Segment]:
     """The rollout's stored segments as token samples, in order of their last call (the last holds the
     rollout's final call)."""
     by_index: dict[int, Segment] = {}
     order: list[int] = []
     for call in served_calls(calls):
-        prompt, completion = list(call["prompt_token_ids"]), list(call["completion_token_ids"])
-        logprobs = call.get("completion_logprobs")
-        if logprobs is not None and len(logprobs) != len(completion):
-            raise ValueError(f"call {call.get('call_id')}: {len(logprobs)} logprobs for {len(completion)} tokens")
+        prompt, completion, logprobs = _ids(call)
         index = call["segment_index"]
         seg = by_index.get(index)
         if seg is None:
