@@ -422,8 +422,10 @@ def _tables(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE VIEW prices AS SELECT * FROM _prices")
 
 
-def register(con: duckdb.DuckDBPyConnection, materialized: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
-    """Create the lookup tables, the pass@k functions and every view in `VIEWS` on `con`.
+def register(con: duckdb.DuckDBPyConnection, materialized: tuple[str, ...] = (),
+             names: frozenset[str] | None = None) -> duckdb.DuckDBPyConnection:
+    """Create the lookup tables, the pass@k functions and every view in `VIEWS` on `con` (or only those in
+    `names`, which must hold every view they read: binding all of them costs seconds on a big dataset).
 
     Views named in `materialized` are computed into temp tables as they are created, so the views
     after them bind (and later run) against a table instead of re-planning the whole tree: `report`
@@ -435,6 +437,8 @@ def register(con: duckdb.DuckDBPyConnection, materialized: tuple[str, ...] = ())
     if materialized:
         con.execute("SET preserve_insertion_order = false")  # every view that promises an order says ORDER BY
     for view in VIEWS:
+        if names is not None and view.name not in names:
+            continue
         if view.name in materialized:
             con.execute(f"CREATE TEMP TABLE _m_{view.name} AS {view.sql}")
             con.execute(f"CREATE VIEW {view.name} AS SELECT * FROM _m_{view.name}")

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/analysis.py                  # 100k sessions x 10 calls (generated once, then reused)
     .venv/bin/python bench/analysis.py --sessions 10000 # smoke run
+    .venv/bin/python bench/analysis.py --viewer         # `forge-analyze view` on the same data + one 500-call session
 
 The dataset is written by the real `DatasetWriter` (two writer processes,
 one per core): half Claude Code-like sessions (Bash/Read/Edit/Grep/TodoWrite),
@@ -17,6 +18,13 @@ The pandas peer implements the README's definitions for the argument shapes
 this generator emits (no `cd` hops, no command lists); its numbers must equal
 the report's, which the bench checks before printing the table. Target
 (DESIGN.md §9): the report in < 10 s on 2 cores.
+
+`--viewer` adds one Claude Code-like session of 500 calls (cached too) and
+times `forge-analyze view` (its own process, pinned to the same 2 cores)
+over HTTP: the sessions list's first page (cold: it builds the sessions
+index; then warm, sorted by cost, and filtered), and the 500-call session
+and its last call. The peer is the target (issue 16): the list of a
+1M-call dataset in < 2 s, a 500-call session in < 1 s.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ def _codex_action(rng: random.Random, t: int) -> tuple[str, dict]:
     ])
 
 
-def _write_sessions(root: str, first: int, count: int) -> None:
+def _write_sessions(root: str, first: int, count: int, calls: int = CALLS_PER_SESSION, prefix: str = "s") -> None:
     from forgerl.schema.messages import Exchange, Message, Part, Usage
     from forgerl.schema.records import CallRecord
     from forgerl.schema.store import DatasetWriter
@@ -70,7 +78,7 @@ def _write_sessions(root: str, first: int, count: int) -> None:
         for i in range(first, first + count):
             rng = random.Random(i)
             claude = i % 2 == 0
-            harness, sid = ("claude-code" if claude else "codex"), f"s{i:07d}"
+            harness, sid = ("claude-code" if claude else "codex"), f"{prefix}{i:07d}"
             names = CLAUDE_TOOLS if claude else CODEX_TOOLS
             tools = [{"name": n, "description": f"the {n} tool", "parameters": {"type": "object"}} for n in names]
             model = "claude-sonnet-4-5" if claude else "gpt-5"
@@ -78,8 +86,8 @@ def _write_sessions(root: str, first: int, count: int) -> None:
             if claude:
                 user.append(Part("text", text="<system-reminder>Plan with TodoWrite.</system-reminder>"))
             history = [Message("system", (Part("text", text=f"You are {harness}."),)), Message("user", tuple(user))]
-            for t in range(CALLS_PER_SESSION):
-                final = t == CALLS_PER_SESSION - 1
+            for t in range(calls):
+                final = t == calls - 1
                 name, args = (_claude_action if claude else _codex_action)(rng, t)
                 cid = f"{sid}-t{t}"
                 parts = (Part("text", text="Done." if final else f"Step {t}."),) + (
@@ -267,17 +275,80 @@ def _timed(cmd: list[str]) -> tuple[float, float, str]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), r.stdout
 
 
+LONG_SESSION, LONG_CALLS = "long0000000", 500
+VIEWER_TARGETS = {"list": 2.0, "session": 1.0}
+
+
+def _viewer_get(url: str) -> tuple[float, dict]:
+    import urllib.request
+
+    start = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=600) as r:
+        body = json.load(r)
+    return time.perf_counter() - start, body
+
+
+def viewer_bench(data: Path) -> int:
+    """Time `forge-analyze view` over HTTP on the bench dataset (plus one 500-call session)."""
+    marker = data / "bench-long-session.txt"
+    if not marker.exists():
+        _write_sessions(str(data), 0, 1, calls=LONG_CALLS, prefix="long")
+        marker.write_text(f"{LONG_CALLS}\n")
+    forge = str(Path(sys.executable).with_name("forge-analyze"))
+    start = time.perf_counter()
+    proc = subprocess.Popen(["taskset", "-c", CORES, forge, "view", str(data), "--listen", "127.0.0.1:0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        listening = time.perf_counter() - start
+        base = line.split(" at ")[1].split()[0]
+        rows = [("server start (until it listens)", listening, None)]
+        t, page = _viewer_get(base + "api/sessions?limit=50")
+        rows.append(("sessions list, first page, cold (builds the index)", t, VIEWER_TARGETS["list"]))
+        rows.append(("  same, from process start", listening + t, None))
+        rows.append(("sessions list, first page, warm", _viewer_get(base + "api/sessions?limit=50")[0],
+                     VIEWER_TARGETS["list"]))
+        t, by_cost = _viewer_get(base + "api/sessions?limit=50&sort=cost")
+        rows.append(("sessions list by cost, page 1", t, VIEWER_TARGETS["list"]))
+        rows.append(("sessions list by cost, page 2 (keyset)",
+                     _viewer_get(base + f"api/sessions?limit=50&sort=cost&after={by_cost['next']}")[0],
+                     VIEWER_TARGETS["list"]))
+        rows.append(("sessions list, harness=codex by reward",
+                     _viewer_get(base + "api/sessions?limit=50&harness=codex&sort=reward")[0], VIEWER_TARGETS["list"]))
+        t, session = _viewer_get(base + f"api/session?id={LONG_SESSION}")
+        rows.append((f"{len(session['calls'])}-call session (calls, segments, costs)", t, VIEWER_TARGETS["session"]))
+        last = session["calls"][-1]["call_id"]
+        rows.append(("  its last call (whole history rebuilt)", _viewer_get(base + f"api/call?id={last}")[0],
+                     VIEWER_TARGETS["session"]))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    from forgerl.schema.duck import connect
+    n_calls, n_sessions = connect(data).execute("SELECT count(*), count(DISTINCT session_id) FROM calls").fetchone()
+    print(f"\n| `forge-analyze view`, {n_calls:,} calls / {n_sessions:,} sessions, 2 cores (taskset {CORES}) "
+          "| s | target s | target / this |")
+    print("|---|---:|---:|---:|")
+    for name, seconds, target in rows:
+        print(f"| {name} | {seconds:.3f} | {target or '-'} | {f'{target / seconds:.1f}' if target else '-'} |")
+    missed = [name for name, seconds, target in rows if target and seconds > target]
+    print(f"\ntargets: {'met' if not missed else 'MISSED: ' + ', '.join(missed)}")
+    return 1 if missed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "forgerl-bench-analysis")
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--pandas-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--viewer", action="store_true", help="time `forge-analyze view` instead of the report")
     args = parser.parse_args(argv)
     if args.pandas_only:  # the peer's own process: print its metrics as JSON
         print(json.dumps(pandas_metrics(str(args.data)), default=float))
         return 0
     gen = generate(args.data, args.sessions)
+    if args.viewer:
+        return viewer_bench(args.data)
     from forgerl.schema.duck import connect
     con = connect(args.data)
     n_calls, n_sessions = con.execute("SELECT count(*), count(DISTINCT session_id) FROM calls").fetchone()

@@ -171,6 +171,7 @@ def test_report_links_to_the_list(example_viewer):
     assert "fix-calc" in links and len(links) == 7
     listed = example_viewer.json("/api/sessions?task=fix-calc")["sessions"]
     assert len(listed) == 3
+    assert example_viewer.get("/report?by=colour")[0] == 400
 
 
 def test_images_and_token_view_json(chat_viewer, chat_data):

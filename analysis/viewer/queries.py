@@ -20,14 +20,17 @@ from typing import Any
 
 import duckdb
 
+from forgerl.schema import duck
 from forgerl.schema.records import call_messages, decompress
 from forgerl.schema.segments import succeeded
 
-from .. import connect
+from ..views import register
 
 SORTS = {"time": "time_key", "cost": "cost_key", "reward": "reward_key"}
 FILTERS = ("harness", "model", "task", "outcome", "policy_version")
 PAGE = 50
+# The views these queries read, with the views they read (binding every view costs seconds on a big dataset).
+VIEWS_READ = frozenset({"turns", "session_info", "session_costs", "call_costs", "tool_results"})
 _FACET_LIMIT = 500
 
 # The latest outcome row of each session (a retried attempt supersedes the first).
@@ -36,15 +39,13 @@ CREATE TABLE _viewer_sessions AS
 WITH c AS (
   SELECT session_id, min(t_start) AS started, max(coalesce(t_end, t_start)) AS ended, count(*) AS calls,
          count(*) FILTER (WHERE error IS NOT NULL OR coalesce(status, 0) >= 400 OR NOT coalesce(complete, false))
-           AS failed_calls,
-         max(policy_version) AS call_policy_version
+           AS failed_calls
   FROM calls GROUP BY 1),
 o AS (
-  SELECT session_id, status AS outcome, reward, policy_version FROM outcomes
+  SELECT session_id, status AS outcome, reward FROM outcomes
   QUALIFY row_number() OVER (PARTITION BY session_id ORDER BY attempt DESC NULLS LAST, t_end DESC NULLS LAST) = 1),
 s AS (SELECT session_id, labels FROM sessions)
-SELECT i.session_id, i.harness, i.model, i.task, o.outcome, o.reward,
-       coalesce(o.policy_version, c.call_policy_version) AS policy_version, s.labels,
+SELECT i.session_id, i.harness, i.model, i.task, o.outcome, o.reward, i.policy_version, s.labels,
        c.started, c.ended, coalesce(c.calls, 0) AS calls, coalesce(c.failed_calls, 0) AS failed_calls,
        k.input_tokens, k.output_tokens, k.cache_read_tokens, k.cache_write_tokens, coalesce(k.cost_usd, 0) AS cost_usd,
        coalesce(epoch(c.started), 0) AS time_key, coalesce(k.cost_usd, 0) AS cost_key,
@@ -105,7 +106,7 @@ class Dataset:
 
     def __init__(self, root: str | os.PathLike, *, threads: int | None = None):
         self.root = root
-        self.con = connect(root, threads=threads)
+        self.con = register(duck.connect(root, threads=threads), names=VIEWS_READ)
         self.lock = threading.Lock()
         self._indexed = False
 

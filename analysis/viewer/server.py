@@ -30,7 +30,6 @@ from forgerl.errors import UserError
 
 from .. import connect
 from ..report import build, to_html
-from ..views import GROUPS
 from .queries import FILTERS, PAGE, Dataset, NotFound
 from .tokens import token_view
 
@@ -81,9 +80,10 @@ class Viewer:
         raise NotFound(f"no endpoint {path}")
 
     def report(self, by: str) -> str:
-        if by not in GROUPS:
-            raise ValueError(f"unknown by {by!r}; choose one of: {', '.join(GROUPS)}")
-        report = build(connect(self.root, threads=self.threads, materialize=True), by)
+        try:
+            report = build(connect(self.root, threads=self.threads, materialize=True), by)
+        except UserError as e:  # an unknown group column: the request's fault, not the dataset's
+            raise ValueError(str(e)) from None
         return to_html(report, f"forgerl behaviour report: {self.root.resolve().name}", viewer="/")
 
 

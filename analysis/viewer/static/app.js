@@ -3,6 +3,7 @@
 "use strict";
 
 const FILTERS = ["harness", "model", "task", "outcome", "policy_version", "label"];
+const OUTCOME_COLUMNS = ["runner", "attempt", "passed", "reward"]; // report groups the list cannot filter by
 const app = document.getElementById("app");
 
 function el(tag, attrs, ...children) {
@@ -45,8 +46,18 @@ function sessionHref(sid, rest) {
 
 // --- sessions list ---------------------------------------------------------------------------------
 
-async function showList(params) {
+// A report grouped by an outcome's status or a label key links here with that column (report.py `_group_cell`).
+function reportLink(params) {
+  if (params.has("status")) params.set("outcome", params.get("status"));
+  for (const [k, v] of [...params]) {
+    if (!FILTERS.includes(k) && !["q", "sort", "dir", "status", ...OUTCOME_COLUMNS].includes(k)) params.set("label", `${k}=${v}`);
+  }
+  return params;
+}
+
+async function showList(query) {
   const facets = await api("facets");
+  const params = reportLink(query);
   const state = Object.fromEntries(FILTERS.map((f) => [f, params.get(f) || ""]));
   state.q = params.get("q") || "";
   state.sort = params.get("sort") || "time";
