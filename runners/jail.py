@@ -60,6 +60,7 @@ class JailSpec:
     # wall clock kept by PID 1, and a verifier run after the harness. Need the namespaces (a bridge).
     root: str = ""
     binds: list[list[str]] = field(default_factory=list)
+    writable: list[str] | None = None  # with a root: the machine's folders are read-only but these
     harness_timeout_s: float = 0.0
     verifier: dict | None = None
     # Optional stage (`services.py`): the task's services (Service.to_json), started by PID 1 before the harness;
@@ -221,7 +222,7 @@ def _with_services(spec: JailSpec, body: Callable[[], int]) -> int:
 def _confined_run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool]) -> int:
     """The harness (and verifier) in the namespaces, in the rollout's own root where it has one."""
     if spec.root:
-        enter_root(spec.root, [(target, source) for target, source in spec.binds])
+        enter_root(spec.root, [(target, source) for target, source in spec.binds], spec.writable)
     if spec.verifier is None:
         return _run(spec, stdout, stderr, runner) if ready() else 127
     return _harness_then_verifier(spec, stdout, stderr, runner, ready)

@@ -20,7 +20,9 @@ import platform
 import shutil
 from pathlib import PurePosixPath
 
-_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 1 << 18
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x20, 0x1000, 0x4000, 1 << 18
+_KEPT_FLAGS = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # nosuid, nodev, noexec, noatime, nodiratime (ST_ = MS_ values)
+SCRATCH = frozenset({"tmp", "dev", "proc", "sys", "run"})  # stay writable: what programs expect to write
 _MNT_DETACH = 2
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 CLONE_NEWNS = 0x00020000
@@ -55,14 +57,17 @@ def _pivot_root(new_root: str) -> None:
     os.chdir("/")
 
 
-def enter_root(new_root: str, binds: list[tuple[str, str]]) -> None:
+def enter_root(new_root: str, binds: list[tuple[str, str]], writable: list[str] | None = None) -> None:
     """In a fresh mount namespace: `/` as it was, with each (target, source) of `binds` bound at target.
 
     `new_root` is an empty directory of this rollout's (it becomes the
     tmpfs the new root lives on). Top-level names a target falls under
     are fresh directories, so targets never touch the machine's own files.
     A source of "" leaves the target an empty directory on the tmpfs (a
-    mount point for later).
+    mount point for later). With `writable` (paths), the machine's own
+    top-level folders are bound read-only, except `SCRATCH` and those
+    holding a `writable` path: the agent can change neither the machine
+    nor the tools its verifier will run.
     """
     _check(_LIBC.unshare(CLONE_NEWNS), "unshare a mount namespace")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here shows outside
@@ -77,6 +82,8 @@ def enter_root(new_root: str, binds: list[tuple[str, str]]) -> None:
         elif os.path.isdir(source):
             os.mkdir(dest)
             bind(source, dest)
+            if writable is not None and name not in SCRATCH | {PurePosixPath(p).parts[1] for p in writable}:
+                _read_only(dest)
         else:
             open(dest, "w").close()
             _mount(source, dest, None, _MS_BIND)
@@ -87,6 +94,12 @@ def enter_root(new_root: str, binds: list[tuple[str, str]]) -> None:
             bind(source, dest)
     _pivot_root(new_root)
     _LIBC.umount2(new_root.encode(), _MNT_DETACH)  # the tmpfs as seen again through the bound parent
+
+
+def _read_only(path: str) -> None:
+    """Remount the bind at `path` read-only (its own mount; what is mounted beneath it keeps its flags)."""
+    kept = os.statvfs(path).f_flag & _KEPT_FLAGS  # flags a user namespace locks must be repeated
+    _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
 
 
 def fresh_dir(path: str) -> None:

@@ -64,6 +64,7 @@ class Layout:
     verifier: VerifierStage | None = None
     env: dict[str, str] = field(default_factory=dict)  # what the task's environment sets (Dockerfile ENV)
     notes: dict = field(default_factory=dict)  # for the outcome's `extra`: what was and was not honoured
+    writable: list[str] | None = None  # set: the machine's other folders are read-only (`mountns.enter_root`)
 
     def wall_clock_s(self, agent_s: float) -> float:
         """The runner's limit for the whole jail: the agent's time, the verifier's, and a grace."""
@@ -82,7 +83,7 @@ class Layout:
 
     def jail_fields(self) -> dict:
         """The JailSpec fields this layout sets."""
-        return {"root": self.root, "binds": [list(b) for b in self.binds],
+        return {"root": self.root, "binds": [list(b) for b in self.binds], "writable": self.writable,
                 "verifier": asdict(self.verifier) if self.verifier else None}
 
 

@@ -146,7 +146,13 @@ def test_parallel_rollouts_each_have_their_own_working_dir_tests_and_logs(stack)
             "open('/app/hello.txt', 'w').write(word)\n"
             "open('/logs/verifier/reward.txt', 'w').write('1')\n"
             "time.sleep(1.5)\n"
-            "assert open('/app/hello.txt').read() == word and os.listdir('/tests') == []\n")
+            "assert open('/app/hello.txt').read() == word and os.listdir('/tests') == []\n"
+            "try:\n"  # the machine's own folders are read-only (its /tmp is not)
+            "    open('/etc/forgerl-planted', 'w')\n"
+            "    raise SystemExit('wrote into /etc')\n"
+            "except OSError as e:\n"
+            "    assert e.errno == 30, e\n"  # EROFS
+            "open('/tmp/forgerl-harbor-scratch', 'w').close()\n")
     outcomes = run(stack, "hello", agent(code), attempts=2, parallel=2)
     by_attempt = {o.rollout.attempt: o for o in outcomes}
     assert by_attempt[0].status == "success" and by_attempt[0].extra["returncode"] == 0

@@ -118,7 +118,7 @@ class HarborTask(Task):
                  "network": "recorder only" + (" (the task allows the internet: not granted)"
                                                if self.allow_internet else "")}
         return Layout(root=str(rollout_dir / "root"), workdir=self.workdir, binds=[(self.workdir, str(workspace)),
-                      *binds], verifier=stage, env=self.env, notes=notes)
+                      *binds], verifier=stage, env=self.env, notes=notes, writable=[str(rollout_dir)])
 
 
 def _table(spec: dict, name: str, where: Path) -> dict:
