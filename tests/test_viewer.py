@@ -225,6 +225,12 @@ async def _until(dt: DevTools, expression: str, timeout: float = 30) -> object:
     raise AssertionError(f"timed out waiting for: {expression}\npage: {page}")
 
 
+async def _counts(dt: DevTools, **selectors: str) -> dict[str, int]:
+    """How many elements each CSS selector matches (once the page shows any)."""
+    fields = ", ".join(f"{name}: document.querySelectorAll({json.dumps(css)}).length" for name, css in selectors.items())
+    return await _until(dt, f"({{{fields}}})")
+
+
 async def _go(dt: DevTools, url: str) -> None:
     await dt.send("Runtime.evaluate", expression=f"location.href = {json.dumps(url)}")
     await _until(dt, f"document.body.dataset.ready === {json.dumps(url[url.index('#'):])}")
@@ -252,11 +258,10 @@ async def _browse(ws_url: str, base: str, shots: Path) -> dict:
         seen["facts"] = await _until(dt, "document.querySelector('#session-facts').innerText")
         await dt.send("Runtime.evaluate", expression="document.querySelectorAll('tr.call')[1].click()")
         await _until(dt, "document.body.dataset.ready.includes('/call/')")
-        seen["call"] = await _until(dt, """({messages: document.querySelectorAll('#detail .message').length,
-            history: document.querySelectorAll('#detail .message.history').length,
-            reasoning: document.querySelectorAll('#detail .message:not(.history) .part.reasoning').length,
-            results: document.querySelectorAll('#detail .message:not(.history) .part.tool_result').length,
-            facts: document.querySelector('#call-facts').innerText})""")
+        seen["call"] = await _counts(dt, messages="#detail .message", history="#detail .message.history",
+                                     reasoning="#detail .message:not(.history) .part.reasoning",
+                                     results="#detail .message:not(.history) .part.tool_result")
+        seen["call"]["facts"] = await _until(dt, "document.querySelector('#call-facts').innerText")
         await dt.send("Runtime.evaluate", expression="document.querySelector('#show-raw').click()")
         seen["raw"] = await _until(dt, "document.querySelectorAll('#raw pre').length === 2 && "
                                        "document.querySelector('#raw pre').innerText.slice(0, 200)")
@@ -264,11 +269,9 @@ async def _browse(ws_url: str, base: str, shots: Path) -> dict:
         (shots / "viewer-call.png").write_bytes(base64.b64decode(shot))
         await dt.send("Runtime.evaluate", expression="document.querySelector('a.token-link').click()")
         await _until(dt, "document.body.dataset.ready === '#/session/chat-tools/tokens/0'")
-        seen["tokens"] = await _until(dt, """({engine: document.querySelectorAll('#engine-tokens .tok').length,
-            loss: document.querySelectorAll('#engine-tokens .tok.loss').length,
-            drift: document.querySelectorAll('#engine-tokens .tok.drift').length,
-            rendered: document.querySelectorAll('#rendered-tokens .tok').length,
-            summary: document.querySelector('#drift-summary').innerText})""")
+        seen["tokens"] = await _counts(dt, engine="#engine-tokens .tok", loss="#engine-tokens .tok.loss",
+                                       drift="#engine-tokens .tok.drift", rendered="#rendered-tokens .tok")
+        seen["tokens"]["summary"] = await _until(dt, "document.querySelector('#drift-summary').innerText")
         await _go(dt, base + "#/session/chat-image/call/" + await _until(
             dt, "fetch('/api/session?id=chat-image').then(r => r.json()).then(s => s.calls[0].call_id)"))
         seen["image"] = await _until(dt, "[...document.querySelectorAll('#detail img')].map(i => i.naturalWidth)"
