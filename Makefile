@@ -112,6 +112,7 @@ bench: $(TRAIN_STAMP)
 	$(BIN)/python bench/analysis.py
 	$(BIN)/python bench/runner.py
 	$(BIN)/python bench/session_read.py
+	$(BIN)/python bench/serve.py
 
 # Re-resolve both locks from pyproject.toml: the full set first, then the core
 # + test subset constrained to the same versions.
