@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import anthropic
@@ -128,7 +129,12 @@ def test_responses_and_chat_sdks(served, tmp_path, tok):
 
 
 def test_bad_serve_flags_are_one_line_exit_2(tmp_path):
-    for args, needle in [(["--policy", "http://127.0.0.1:9"], "needs --policy, --tokenizer and --served-model"),
+    plain = tmp_path / "plain-template"  # a tokenizer whose template writes no tool calls any format knows
+    shutil.copytree(TOKENIZER_DIR, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    (plain / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ messages }}"}))
+    for args, needle in [(["--policy", "http://127.0.0.1:9", "--tokenizer", str(plain), "--served-model", "m"],
+                          "no known tool-call format"),(["--policy", "http://127.0.0.1:9"], "needs --policy, --tokenizer and --served-model"),
                          (["--policy", "http://127.0.0.1:9", "--tokenizer", str(tmp_path), "--served-model", "m",
                            "--upstream", "http://127.0.0.1:9"], "drop --upstream"),
                          (["--policy", "ftp://x", "--tokenizer", str(TOKENIZER_DIR), "--served-model", "m"],
