@@ -22,6 +22,7 @@ text are the template's, not the model's words, and are dropped.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,27 @@ def typed_value(raw: str, schema: Mapping[str, Any] | None) -> tuple[bool, Any]:
         return False, None
 
 
+def read_elements(name: str, text: str, element: re.Pattern[str], schemas: Schemas) -> ToolCall | None:
+    """A call whose arguments are key/value elements (`element` matches one: groups key and raw value) with
+    nothing but whitespace around them, each value read by its schema type; None if anything else is there."""
+    properties = schemas.get(name, {})
+    arguments = {}
+    at = 0
+    for match in element.finditer(text):
+        if text[at:match.start()].strip():
+            return None
+        ok, value = typed_value(match.group(2), properties.get(match.group(1)))
+        if not ok:
+            return None
+        arguments[match.group(1)] = value
+        at = match.end()
+    return None if text[at:].strip() else ToolCall(name, arguments)
+
+
+# States that only skip newlines (after the reasoning's opening tag; after its close or a call), and the next.
+_LAYOUT = {"reasoning_lead": "reasoning", "after_tag": "text"}
+
+
 class TurnParser:
     """Splits a turn into reasoning, text and calls as its text arrives.
 
@@ -180,7 +202,12 @@ class TurnParser:
     def _run(self, final: bool) -> None:
         while True:
             before = (self._state, len(self._buffer))
-            getattr(self, f"_in_{self._state}")(final)
+            if self._state in _LAYOUT:  # newlines here are the template's: skip them, then go on
+                self._buffer = self._buffer.lstrip("\n")
+                if self._buffer or final:
+                    self._state = _LAYOUT[self._state]
+            else:
+                getattr(self, f"_in_{self._state}")(final)
             if (self._state, len(self._buffer)) == before:
                 return
 
@@ -197,12 +224,6 @@ class TurnParser:
         else:
             self._state = "text"
 
-    def _in_reasoning_lead(self, final: bool) -> None:
-        """Newlines right after the opening tag are the template's."""
-        self._buffer = self._buffer.lstrip("\n")
-        if self._buffer or final:
-            self._state = "reasoning"
-
     def _in_reasoning(self, final: bool) -> None:
         close = self.fmt.think_close
         at = self._buffer.find(close)
@@ -210,7 +231,7 @@ class TurnParser:
             self._say_reasoning(self._buffer[:at])
             self._held_reasoning = ""  # newlines before the close tag are the template's
             self._buffer = self._buffer[at + len(close):]
-            self._state = "after_reasoning"
+            self._state = "after_tag"
         elif final:  # cut off while reasoning: what was said is the reasoning
             self._say_reasoning(self._buffer)
             self._buffer = ""
@@ -218,11 +239,6 @@ class TurnParser:
             keep = _partial_suffix(self._buffer, close)
             self._say_reasoning(self._buffer[:len(self._buffer) - keep])
             self._buffer = self._buffer[len(self._buffer) - keep:]
-
-    def _in_after_reasoning(self, final: bool) -> None:
-        self._buffer = self._buffer.lstrip("\n")
-        if self._buffer or final:
-            self._state = "text"
 
     def _in_text(self, final: bool) -> None:
         opening = self.fmt.call_open
@@ -253,13 +269,7 @@ class TurnParser:
         else:
             self._calls.append(call)
             self._events.append(("call", call))
-            self._state = "between_calls"
-
-    def _in_between_calls(self, final: bool) -> None:
-        """Newlines after a call are the template's; anything else is text again."""
-        self._buffer = self._buffer.lstrip("\n")
-        if self._buffer or final:
-            self._state = "text"
+            self._state = "after_tag"
 
 
 def _partial_suffix(text: str, tag: str) -> int:

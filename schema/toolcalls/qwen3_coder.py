@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Schemas, ToolCall, ToolCallFormat, typed_value
+from .base import Schemas, ToolCall, ToolCallFormat, read_elements
 
 _FUNCTION = re.compile(r"\n?<function=([^>\n]+)>\n(.*)</function>\n?", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n?", re.DOTALL)
@@ -23,21 +23,7 @@ class Qwen3Coder(ToolCallFormat):
         function = _FUNCTION.fullmatch(body)
         if function is None:
             return None
-        name, inner = function.group(1), function.group(2)
-        properties = schemas.get(name, {})
-        arguments = {}
-        at = 0
-        for parameter in _PARAMETER.finditer(inner):
-            if inner[at:parameter.start()].strip():
-                return None
-            ok, value = typed_value(parameter.group(2), properties.get(parameter.group(1)))
-            if not ok:
-                return None
-            arguments[parameter.group(1)] = value
-            at = parameter.end()
-        if inner[at:].strip():
-            return None
-        return ToolCall(name, arguments)
+        return read_elements(function.group(1), function.group(2), _PARAMETER, schemas)
 
     def writes(self, chat_template: str) -> bool:
         return "<function=" in chat_template and "<parameter=" in chat_template
