@@ -37,6 +37,7 @@ from .mountns import bind, fresh_dir
 LOGS_VERIFIER = "/logs/verifier"
 TESTS = "/tests"
 STAGE_GRACE_S = 30.0  # the runner's wall clock for the jail: agent + verifier + this
+OUTPUT_TAIL = 2000  # characters of the verifier's output kept in the outcome
 
 
 @dataclass
@@ -79,7 +80,8 @@ class Layout:
         if verdict is None:
             return dict(self.notes)
         return {**self.notes, "verifier": {"returncode": verdict.verifier_returncode,
-                                           "timed_out": verdict.verifier_timed_out, "error": verdict.error}}
+                                           "timed_out": verdict.verifier_timed_out, "error": verdict.error,
+                                           "output_tail": verdict.output_tail}}
 
     def jail_fields(self) -> dict:
         """The JailSpec fields this layout sets."""
@@ -96,6 +98,7 @@ class Verdict:
     verifier_returncode: int | None
     verifier_timed_out: bool
     error: str | None = None  # why there is no reward
+    output_tail: str | None = None  # the end of what the verifier printed (`test-stdout.txt`, as Harbor names it)
 
 
 # --------------------------------------------------------------------- in PID 1 of the jail
@@ -208,4 +211,8 @@ def read_verdict(stage: VerifierStage) -> Verdict:
             rewards = parse_rewards(Path(stage.logs_dir))
         except ValueError as e:
             error = str(e)
-    return Verdict(rewards, status["agent_timed_out"], status["verifier_returncode"], timed_out, error)
+    try:
+        output = (Path(stage.logs_dir) / "test-stdout.txt").read_text(errors="replace")[-OUTPUT_TAIL:] or None
+    except OSError:
+        output = None
+    return Verdict(rewards, status["agent_timed_out"], status["verifier_returncode"], timed_out, error, output)

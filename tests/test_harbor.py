@@ -116,7 +116,7 @@ def test_a_real_harness_passes_and_the_outcome_says_what_ran_on_the_host(stack):
     assert row["reward"] == 1.0 and json.loads(row["scores"]) == {"reward": 1.0}
     assert outcome.extra["environment"] == "host"
     assert outcome.extra["dockerfile_not_honoured"][0] == "FROM ubuntu:24.04"
-    assert outcome.extra["verifier"] == {"returncode": 0, "timed_out": False, "error": None}
+    assert outcome.extra["verifier"] == {"returncode": 0, "timed_out": False, "error": None, "output_tail": None}
     assert any("mount namespace: /app" in e for e in outcome.extra["enforced"])
 
 
@@ -135,6 +135,7 @@ def test_a_verifier_past_its_timeout_scores_zero_and_leaves_nothing(stack):
     [outcome] = run(stack, "slow-verifier", agent(""))
     assert outcome.status == "failed" and outcome.scores == {"reward": 0.0}
     assert outcome.extra["verifier"]["timed_out"] is True and "ran past its 2 s" in outcome.extra["verifier"]["error"]
+    assert outcome.extra["verifier"]["output_tail"] == "started\n"
     assert outcome.extra["docker_image_not_used"] == "ghcr.io/example/slow-verifier:1"
     assert outcome.extra["seconds"] < 30 and rollout_processes("sleep 60") == []
 
