@@ -32,6 +32,7 @@ from . import connect
 from .compare import Side, compare
 from .groups import FIXED, OUTCOME
 from .pass_rates import pass_rate_rows, print_table
+from .gui import screenshot_strip
 from .report import build, comparison_table, table, to_html
 from .viewer.server import DEFAULT_LISTEN, parse_listen, serve
 from .views import VIEWS
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="write a self-contained HTML report with plots here")
     report.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
     report.add_argument("--viewer", metavar="URL", help="link group names to `forge-analyze view` at this URL")
+    report.add_argument("--screenshots", metavar="SESSION", help="show this session's screenshots as a strip in "
+                        "the HTML report (GUI agents; needs --out)")
     sql = sub.add_parser("sql", help="run a query with every table and view registered")
     sql.add_argument("dataset")
     sql.add_argument("query")
@@ -87,9 +90,13 @@ def _report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out and not out.parent.is_dir():
         raise UserError(f"--out {out}: no such directory {out.parent}")
-    report = build(connect(args.dataset, threads=args.threads, materialize=True), args.by)
+    if args.screenshots and not out:
+        raise UserError("--screenshots draws into the HTML report: give --out too")
+    con = connect(args.dataset, threads=args.threads, materialize=True)
+    report = build(con, args.by)
+    strip = screenshot_strip(con, args.screenshots) if args.screenshots else ""
     title = f"forgerl behaviour report: {Path(args.dataset).resolve().name}"
-    page = to_html(report, title, viewer=args.viewer) if out else None
+    page = to_html(report, title, viewer=args.viewer, screenshots=strip) if out else None
     print(table(report))
     if out:
         tmp = out.with_name(f".{out.name}.tmp")

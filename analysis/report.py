@@ -298,10 +298,11 @@ def what_changed(report: Report) -> str:
     return "".join(parts)
 
 
-def to_html(report: Report, title: str, viewer: str | None = None) -> str:
+def to_html(report: Report, title: str, viewer: str | None = None, screenshots: str = "") -> str:
     """A self-contained page: metrics table, bars, pass@k curves, tool distribution, per-tool counts.
 
-    `viewer` is the URL of a running `forge-analyze view` of the same dataset: group names link to its list."""
+    `viewer` is the URL of a running `forge-analyze view` of the same dataset: group names link to its list;
+    `screenshots` a session's screenshot strip (`gui.screenshot_strip`), shown after the metrics."""
     esc = html.escape
     head = "".join(f"<th>{esc(h)}</th>" for h in [report.by, *(h for _, h, _ in COLUMNS)])
     rows = "".join("<tr>" + _group_cell(report, g[report.by], viewer) +
@@ -318,6 +319,6 @@ def to_html(report: Report, title: str, viewer: str | None = None) -> str:
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
             f"<p>{report.sessions} sessions, grouped by {esc(report.by)}; generated {stamp}.</p>"
-            f"<table id=\"metrics\"><tr>{head}</tr>{rows}</table>{figures}{what_changed(report)}"
+            f"<table id=\"metrics\"><tr>{head}</tr>{rows}</table>{screenshots}{figures}{what_changed(report)}"
             f"<h2>Calls per tool</h2><table class=\"tools\"><tr><th>{esc(report.by)}</th><th>tool</th><th>kind</th>"
             f"<th>calls</th></tr>{tool_rows}</table></body></html>\n")

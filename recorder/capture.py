@@ -10,6 +10,7 @@ nothing per chunk.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -57,6 +58,7 @@ class CapturedCall:
     _request_raw: bytes | None = field(default=None, repr=False)
     _request_exchange: Exchange | None = field(default=None, repr=False)
     _request_error: str | None = field(default=None, repr=False)
+    _request_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def tap(self, chunk: bytes) -> bytes:
         """mitmproxy's `flow.response.stream` callable: keep the chunk, pass it on."""
@@ -95,8 +97,9 @@ class CapturedCall:
         what `forge-record --images` keeps (`recorder/images.py`).
         """
         codec = codec_for(self.path)
-        if self._request_raw is None:
-            self._request_raw = self._stored_request(redactor, codec, images)
+        with self._request_lock:  # the writer's flush thread snapshots calls while another records them
+            if self._request_raw is None:
+                self._request_raw = self._stored_request(redactor, codec, images)
         request_raw = self._request_raw
         response_raw = redactor.body(b"".join(self.chunks))
         record = CallRecord(

@@ -13,17 +13,26 @@ import base64
 import io
 from typing import Any
 
-ACTIONS = ("browser_navigate", "browser_click", "browser_type", "browser_scroll", "browser_take_screenshot")
+ACTIONS = ("browser_navigate", "browser_click", "browser_type", "browser_mouse_wheel", "browser_take_screenshot")
+# browser-use's actions, listed in one AgentOutput call per step
+BROWSER_USE_ACTIONS = ("go_to_url", "click_element_by_index", "input_text", "scroll_down")
 
 
-def screenshot(step: int, size: tuple[int, int] = (640, 400)) -> bytes:
-    """A PNG 'page' for step `step`: header bar, a text line and a cursor whose place depends on the step."""
+def screenshot(step: int, size: tuple[int, int] = (640, 400), listing: bool = False) -> bytes:
+    """A PNG 'page' for step `step`: header bar, a text line and a cursor whose place depends on the step;
+    `listing` fills the page with product rows and thumbnails (PNGs the size of real page screenshots)."""
     from PIL import Image, ImageDraw
 
     image = Image.new("RGB", size, (245, 245, 245))
     draw = ImageDraw.Draw(image)
     draw.rectangle((0, 0, size[0], 40), fill=(30, 60, 160))
     draw.text((10, 60), f"Shop - step {step} - results for 'blue mug'", fill=(0, 0, 0))
+    for row in range(80, size[1] - 40, 18) if listing else ():
+        seed = step * 7919 + row
+        draw.rectangle((10, row, 24, row + 14), fill=(seed * 37 % 256, seed * 91 % 256, seed * 53 % 256))
+        line = (f"Item {seed % 997}: mug, {seed % 13 + 1} colours, ${seed % 40 + 5}.99, rated {seed % 5 + 1}/5 "
+                f"by {seed % 900} buyers - ships in {seed % 9 + 1} days")
+        draw.text((30, row), line, fill=(20, 20, 20))
     x, y = 40 + 37 * step % (size[0] - 60), 100 + 23 * step % (size[1] - 120)
     draw.polygon([(x, y), (x + 12, y + 18), (x + 4, y + 16)], fill=(200, 20, 20))
     out = io.BytesIO()
@@ -35,13 +44,19 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def gui_script(steps: int):
-    """The upstream: one browser action per call until `steps` calls, then the answer."""
+def gui_script(steps: int, browser_use: bool = False):
+    """The upstream: one browser action per call until `steps` calls, then the answer; `browser_use`: each
+    as browser-use's model gives it, an AgentOutput call listing the action (`done` with the answer)."""
     from scripted_upstream import ToolCall, Turn
 
     def script(request) -> Turn:
         body = request.body
         done = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+        if browser_use:
+            last = done + 1 >= steps
+            action = {"done": {"text": "The blue mug costs $12.", "success": True}} if last else \
+                {BROWSER_USE_ACTIONS[done % len(BROWSER_USE_ACTIONS)]: {"index": done}}
+            return Turn(tool_calls=[ToolCall("AgentOutput", {"thinking": f"step {done}", "action": [action]})])
         if done + 1 >= steps:
             return Turn(text="The blue mug costs $12.")
         name = ACTIONS[done % len(ACTIONS)]
@@ -56,15 +71,17 @@ def _tool(name: str) -> dict[str, Any]:
             "input_schema": {"type": "object", "properties": {"ref": {"type": "string"}, "url": {"type": "string"}}}}
 
 
-def drive_anthropic(base_url: str, steps: int, size: tuple[int, int] = (640, 400)) -> int:
+def drive_anthropic(base_url: str, steps: int, size: tuple[int, int] = (640, 400),
+                    listing: bool = False, failing: int | None = None) -> int:
     """Claude Code + Playwright MCP's shape: every tool result carries a fresh screenshot, and each call
-    resends them all. Returns the request bytes sent (what a dataset of raw requests would hold)."""
+    resends them all; the result of step `failing` is an error. Returns the request bytes sent."""
     import anthropic
 
     client = anthropic.Anthropic(base_url=base_url, api_key="sk-ant-api03-gui-session-test", max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "user", "content": [
         {"type": "text", "text": "Find the price of the blue mug."},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(screenshot(0, size))}}]}]
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": _b64(screenshot(0, size, listing))}}]}]
     sent = 0
     for step in range(1, steps + 1):
         raw = client.messages.with_raw_response.create(model="claude-gui", max_tokens=256, messages=messages,
@@ -75,10 +92,11 @@ def drive_anthropic(base_url: str, steps: int, size: tuple[int, int] = (640, 400
         uses = [block for block in reply.content if block.type == "tool_use"]
         if not uses:
             break
-        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": [
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                                      "is_error": step == failing, "content": [
             {"type": "text", "text": f"Ran {uses[0].name}. Page snapshot follows."},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": _b64(screenshot(step, size))}}]}]})
+                                         "data": _b64(screenshot(step, size, listing))}}]}]})
     return sent
 
 
