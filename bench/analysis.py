@@ -318,7 +318,8 @@ def viewer_bench(data: Path) -> int:
         t, session = _viewer_get(base + f"api/session?id={LONG_SESSION}")
         rows.append((f"{len(session['calls'])}-call session (calls, segments, costs)", t, VIEWER_TARGETS["session"]))
         last = session["calls"][-1]["call_id"]
-        rows.append(("  its last call (whole history rebuilt)", _viewer_get(base + f"api/call?id={last}")[0],
+        rows.append(("  its last call (whole history rebuilt)",
+                     _viewer_get(base + f"api/call?id={last}&session={LONG_SESSION}")[0],
                      VIEWER_TARGETS["session"]))
     finally:
         proc.terminate()

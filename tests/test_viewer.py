@@ -157,6 +157,8 @@ def test_session_calls_and_errors(example_viewer):
     last = example_viewer.json(f"/api/call?id={session['calls'][-1]['call_id']}")
     results = [p for m in last["input"] for p in m["parts"] if p["type"] == "tool_result"]
     assert sum(last["tool_results"][p["call_id"]]["failed"] for p in results) == 2 < len(results)
+    assert example_viewer.json(f"/api/call?id={last['call_id']}&session={sid}") == last
+    assert example_viewer.get(f"/api/call?id={last['call_id']}&session=cc-verify-a1")[0] == 404  # not its session
     raw = example_viewer.json(f"/api/raw?id={session['calls'][0]['call_id']}")
     assert json.loads(raw["request_raw"])["messages"]
     assert example_viewer.get("/api/session?id=nope")[0] == 404

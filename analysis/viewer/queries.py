@@ -188,20 +188,23 @@ class Dataset:
         return {"session": info[0], "outcome": outcome[0] if outcome else None, "calls": calls,
                 "segments": [segments[i] for i in sorted(segments)]}
 
-    def _call_row(self, call_id: str, columns: tuple[str, ...]) -> dict[str, Any]:
+    def _call_row(self, call_id: str, session_id: str | None, columns: tuple[str, ...]) -> dict[str, Any]:
+        """A call's columns; with its session id the scan skips the row groups of other sessions."""
+        where, params = "call_id = $cid", {"cid": call_id}
+        if session_id:
+            where, params = where + " AND session_id = $sid", {**params, "sid": session_id}
         with self.lock:
-            cur = self.con.execute(f"SELECT {', '.join(columns)} FROM calls WHERE call_id = $cid LIMIT 1",
-                                   {"cid": call_id})
+            cur = self.con.execute(f"SELECT {', '.join(columns)} FROM calls WHERE {where} LIMIT 1", params)
             row = cur.fetchone()
             names = [d[0] for d in cur.description]
         if row is None:
             raise NotFound(f"no call {call_id!r}")
         return dict(zip(names, row))
 
-    def call(self, call_id: str) -> dict[str, Any]:
+    def call(self, call_id: str, session_id: str | None = None) -> dict[str, Any]:
         """One call's messages (input and output, rebuilt from the session's parts), tools, params, headers, and
         which of its tool results failed (the analysis definition, `tool_results.failed`)."""
-        row = self._call_row(call_id, _CALL_DETAIL)
+        row = self._call_row(call_id, session_id, _CALL_DETAIL)
         sid = row["session_id"]
         refs = sorted({*row["input_refs"], *row["output_refs"]})
         parts = {r["part_hash"]: r["part"] for r in self._query(
@@ -218,9 +221,9 @@ class Dataset:
                 "method": row["method"], "path": row["path"], "upstream": row["upstream"],
                 "tool_results": {k: {"failed": v["failed"], "exit_code": v["exit_code"]} for k, v in failed.items()}}
 
-    def raw(self, call_id: str) -> dict[str, str | None]:
+    def raw(self, call_id: str, session_id: str | None = None) -> dict[str, str | None]:
         """The request and response bytes as stored (redacted when recorded), decompressed, as text."""
-        row = self._call_row(call_id, ("request_raw", "response_raw"))
+        row = self._call_row(call_id, session_id, ("request_raw", "response_raw"))
         return {name: None if row[name] is None else decompress(row[name]).decode("utf-8", "replace")
                 for name in ("request_raw", "response_raw")}
 

@@ -5,9 +5,9 @@ package; it asks the JSON endpoints below for what it shows. Nothing here
 writes to the dataset. Unknown ids answer 404, malformed parameters 400;
 anything else is a bug and is logged with its traceback (500).
 
-    GET /                       the app          GET /api/session?id=S      one session: calls, segments
-    GET /api/facets             filter values    GET /api/call?id=C         one call's messages, tools, headers
-    GET /api/sessions?...       a page of the    GET /api/raw?id=C          its raw request and response
+    GET /                       the app          GET /api/session?id=S           one session: calls, segments
+    GET /api/facets             filter values    GET /api/call?id=C[&session=S]  one call's messages, tools
+    GET /api/sessions?...       a page of the    GET /api/raw?id=C[&session=S]   its raw request and response
                                 sessions list    GET /api/blob?session=S&hash=H   an image
     GET /api/tokens?session=S&segment=N          the segment as a training sample, token by token
     GET /report?by=harness                       the HTML report, its group cells linking to the list
@@ -71,9 +71,9 @@ class Viewer:
         if path == "/api/session":
             return self.data.session(self._one(q, "id"))
         if path == "/api/call":
-            return self.data.call(self._one(q, "id"))
+            return self.data.call(self._one(q, "id"), q.get("session"))
         if path == "/api/raw":
-            return self.data.raw(self._one(q, "id"))
+            return self.data.raw(self._one(q, "id"), q.get("session"))
         if path == "/api/tokens":
             with self.data.lock:
                 return token_view(self.data.con, self._one(q, "session"), int(self._one(q, "segment")), self.renderer)

@@ -144,7 +144,7 @@ async function showSession(sid, callId, tokensSegment) {
     el("p", { class: "muted" }, "Pick a call to read it, or a segment's token view."));
   app.replaceChildren(el("p", {}, el("a", { href: "#/" }, "← sessions")), head,
     el("div", { class: "session-layout" }, el("section", { id: "segments" }, segments), detail));
-  if (callId) await showCall(detail, byId[callId] || { call_id: callId }, byId);
+  if (callId) await showCall(detail, { session_id: sid, ...(byId[callId] || { call_id: callId }) }, byId);
   else if (tokensSegment != null) await showTokens(detail, sid, tokensSegment);
 }
 
@@ -180,7 +180,7 @@ function messageNode(m, results, sid, history) {
 }
 
 async function showCall(detail, row, byId) {
-  const c = await api("call", { id: row.call_id });
+  const c = await api("call", { id: row.call_id, session: row.session_id });
   const prev = row.continues_call && byId[row.continues_call];
   const newFrom = prev ? prev.input_messages + prev.output_messages : 0;
   const showAll = el("button", { id: "show-history" }, `show the ${newFrom} earlier messages`);
@@ -188,7 +188,7 @@ async function showCall(detail, row, byId) {
   showAll.onclick = () => { history.hidden = false; showAll.hidden = true; };
   const raw = el("div", { id: "raw" });
   const rawButton = el("button", { id: "show-raw", onclick: async () => {
-    const r = await api("raw", { id: row.call_id });
+    const r = await api("raw", { id: row.call_id, session: c.session_id });
     raw.replaceChildren(el("h2", {}, "Request (as stored, redacted)"), el("pre", {}, r.request_raw ?? "(none)"),
       el("h2", {}, "Response (as received)"), el("pre", {}, r.response_raw ?? "(none)"));
     rawButton.hidden = true;
