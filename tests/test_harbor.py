@@ -140,6 +140,21 @@ def test_a_verifier_past_its_timeout_scores_zero_and_leaves_nothing(stack):
     assert outcome.extra["seconds"] < 30 and rollout_processes("sleep 60") == []
 
 
+def test_an_agent_past_its_timeout_is_still_verified(stack, tmp_path):
+    task_dir = tmp_path / "hello-2s"
+    shutil.copytree(HARBOR / "hello", task_dir)
+    toml = task_dir / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 60.0", "[agent]\ntimeout_sec = 2.0"))
+    root, rec = stack
+    [task] = load_tasks(task_dir)
+    runner = LocalRunner(agent("open('hello.txt', 'w').write('hello')\nimport time; time.sleep(60)\n"),
+                         rec.config.url, root / "data", retries=0)
+    with DatasetWriter(root / "data", source="runner") as writer:
+        [outcome] = runner.run([Rollout(task, 0)], writer)
+    assert outcome.status == "timeout" and outcome.row()["reward"] == 1.0  # the agent's work counts, as in Harbor
+    assert outcome.extra["verifier"]["error"] is None and outcome.extra["seconds"] < 30
+
+
 def test_parallel_rollouts_each_have_their_own_working_dir_tests_and_logs(stack):
     # attempt 0 writes the right word, attempt 1 a wrong one, both at once; each verifier sees only its own /app
     code = ("import os, time\n"
