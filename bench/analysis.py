@@ -315,6 +315,8 @@ def viewer_bench(data: Path) -> int:
                      VIEWER_TARGETS["list"]))
         rows.append(("sessions list, harness=codex by reward",
                      _viewer_get(base + "api/sessions?limit=50&harness=codex&sort=reward")[0], VIEWER_TARGETS["list"]))
+        rows.append(("sessions list, text search (scans every message part)",
+                     _viewer_get(base + "api/sessions?limit=50&q=make%20the%20tests%20pass")[0], None))
         t, session = _viewer_get(base + f"api/session?id={LONG_SESSION}")
         rows.append((f"{len(session['calls'])}-call session (calls, segments, costs)", t, VIEWER_TARGETS["session"]))
         last = session["calls"][-1]["call_id"]
