@@ -74,6 +74,9 @@ _CALLS = {
     "apply_patch_call": _Call("operation", None, True),
 }
 _CALL_ID_KEY = {"local_shell_call_output": "id"}  # tool outputs name the call by `call_id`, except these
+# Codex 0.171 offers an MCP server's tools in a namespace `mcp__SERVER` and runs a call only when it names the
+# namespace and the tool apart: a call to `mcp__SERVER__TOOL` (as models name MCP tools) is written that way.
+MCP_NAMESPACE = "mcp__"
 
 
 class ResponsesCodec:
@@ -277,8 +280,12 @@ def _message_item(answer: Answer, text: str) -> dict[str, Any]:
 
 
 def _function_call_item(call_id: str, call: ToolCall) -> dict[str, Any]:
-    return {"id": f"fc_{call_id}", "type": "function_call", "status": "completed", "call_id": call_id,
+    item = {"id": f"fc_{call_id}", "type": "function_call", "status": "completed", "call_id": call_id,
             "name": call.name, "arguments": call.arguments_json()}
+    namespace, _, name = call.name.rpartition("__")
+    if namespace.startswith(MCP_NAMESPACE) and name:
+        item.update(namespace=namespace, name=name)
+    return item
 
 
 def _output_text(text: str) -> dict[str, Any]:

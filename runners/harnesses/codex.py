@@ -32,7 +32,8 @@ class Codex(Harness):
     cli: str = "codex"
     api: str = "responses"
     default_model: str = "gpt-5.4"
-    mcp_wiring: str = "-c mcp_servers.NAME.command=... -c mcp_servers.NAME.args=[...] -c mcp_servers.NAME.env={...}"
+    mcp_wiring: str = ("-c mcp_servers.NAME.{command,args,env,startup_timeout_sec,required=true} (its tools come in "
+                       "a namespace mcp__NAME)")
 
     def _home(self, ctx: RunContext) -> Path:
         return ctx.home / ".codex"

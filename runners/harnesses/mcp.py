@@ -26,12 +26,14 @@ def claude_code_config(servers: tuple[McpServer, ...]) -> dict:
 
 
 def codex_overrides(servers: tuple[McpServer, ...]) -> list[str]:
-    """Codex's `-c mcp_servers.NAME.*` overrides (TOML values: JSON strings and arrays are valid TOML)."""
+    """Codex's `-c mcp_servers.NAME.*` overrides (TOML values: JSON strings and arrays are valid TOML). `required`:
+    Codex 0.171 otherwise leaves out the tools of a server not ready when the first turn starts."""
     flags: list[str] = []
     for s in servers:
         env = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in s.env.items())
         for key, value in (("command", json.dumps(s.command[0])), ("args", json.dumps(list(s.command[1:]))),
-                           ("env", f"{{{env}}}"), ("startup_timeout_sec", str(STARTUP_TIMEOUT_S))):
+                           ("env", f"{{{env}}}"), ("startup_timeout_sec", str(STARTUP_TIMEOUT_S)),
+                           ("required", "true")):
             flags += ["-c", f"mcp_servers.{s.name}.{key}={value}"]
     return flags
 

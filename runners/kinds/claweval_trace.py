@@ -31,6 +31,7 @@ from forgerl.schema.messages import Message, Part
 
 SERVER_NAME = "claweval"  # the MCP server's name in every harness's config
 ERROR_STATUS = 500
+CODEX_PREAMBLE = "Wall time:"
 
 
 def task_tool_name(name: str, tools: set[str]) -> str:
@@ -53,9 +54,12 @@ def _arguments(raw: str | None) -> dict[str, Any]:
 
 
 def _result_text(part: Part) -> str:
-    """A tool result's text; an MCP content list some harnesses pass on as JSON is unwrapped to its text."""
-    text = part.text if part.text is not None else "".join(p.text or "" for p in part.content or ()
-                                                         if p.type == "text")
+    """A tool result's text; an MCP content list some harnesses pass on as JSON is unwrapped to its text, and
+    the `Wall time: ... Output:` part Codex puts before an MCP tool's output is left out."""
+    texts = [p.text or "" for p in part.content or () if p.type == "text"]
+    if len(texts) > 1 and texts[0].startswith(CODEX_PREAMBLE):
+        texts = texts[1:]
+    text = part.text if part.text is not None else "".join(texts)
     try:
         blocks = json.loads(text)
     except (json.JSONDecodeError, TypeError):
