@@ -110,9 +110,10 @@ class Dataset:
         self.lock = threading.Lock()
         self._indexed = False
 
-    def _query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> list[dict[str, Any]]:
+    def _query(self, sql: str, params: dict[str, Any] | None = None, *, index: bool = False) -> list[dict[str, Any]]:
+        """Rows of `sql` as dicts; `index`: the query reads `_viewer_sessions`, built here on first use."""
         with self.lock:
-            if not self._indexed and "_viewer_sessions" in sql:
+            if index and not self._indexed:
                 self.con.execute(INDEX_SQL)
                 self._indexed = True
             return _records(self.con.execute(sql, params or {}))
@@ -122,12 +123,12 @@ class Dataset:
         out: dict[str, list[Any]] = {}
         for name in FILTERS:
             rows = self._query(f"SELECT {name} AS v, count(*) AS n FROM _viewer_sessions WHERE {name} IS NOT NULL "
-                               f"GROUP BY 1 ORDER BY n DESC, v LIMIT {_FACET_LIMIT}")
+                               f"GROUP BY 1 ORDER BY n DESC, v LIMIT {_FACET_LIMIT}", index=True)
             out[name] = [r["v"] for r in rows]
         rows = self._query(
             "SELECT k || '=' || json_extract_string(labels, '$.\"' || k || '\"') AS v, count(*) AS n FROM "
             "(SELECT labels, unnest(json_keys(labels)) AS k FROM _viewer_sessions WHERE labels IS NOT NULL "
-            "AND json_type(labels) = 'OBJECT') GROUP BY 1 ORDER BY n DESC, v LIMIT " + str(_FACET_LIMIT))
+            "AND json_type(labels) = 'OBJECT') GROUP BY 1 ORDER BY n DESC, v LIMIT " + str(_FACET_LIMIT), index=True)
         out["label"] = [r["v"] for r in rows if r["v"] is not None]
         return out
 
@@ -158,7 +159,7 @@ class Dataset:
         order = "DESC" if descending else "ASC"
         rows = self._query(f"SELECT {', '.join(LIST_COLUMNS)}, {key} AS _key FROM _viewer_sessions "
                            f"WHERE {' AND '.join(where)} ORDER BY {key} {order}, session_id {order} "
-                           f"LIMIT {int(limit) + 1}", params)
+                           f"LIMIT {int(limit) + 1}", params, index=True)
         more = len(rows) > limit
         rows = rows[:limit]
         cursor = encode_cursor(rows[-1]["_key"], rows[-1]["session_id"]) if more else None
@@ -169,7 +170,7 @@ class Dataset:
     def session(self, session_id: str) -> dict[str, Any]:
         """The session's row of the index, its calls in order (narrow columns, cost) and its segments."""
         info = self._query("SELECT * EXCLUDE (time_key, cost_key, reward_key) FROM _viewer_sessions "
-                           "WHERE session_id = $sid", {"sid": session_id})
+                           "WHERE session_id = $sid", {"sid": session_id}, index=True)
         if not info:
             raise NotFound(f"no session {session_id!r}")
         calls = self._query(_CALLS_SQL, {"sid": session_id})
