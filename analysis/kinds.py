@@ -30,6 +30,9 @@ TOOL_KINDS: dict[str, str] = {
     "grep_files": "search",
     "web_search": "web", "web_fetch": "web",
     "update_plan": "plan",
+    # Codex CLI 0.171: goals (`create_goal` / `update_goal` / `get_goal`, below with OpenClaw's) and its
+    # multi_agent_v1 namespace: spawn_agent starts a subagent (SUBAGENT_TOOLS), the rest steer or await one.
+    "send_input": "subagent", "wait_agent": "subagent", "resume_agent": "subagent", "close_agent": "subagent",
     # OpenClaw / ZeroClaw
     "exec": "shell", "process": "shell", "file_read": "read", "read": "read",
     "edit": "write", "write": "write", "file_write": "write",
@@ -86,9 +89,16 @@ CHECK_COMMANDS: dict[str, str] = {
     "reread": r"^(cat|head|tail|less|more|wc|diff|cmp|git diff|git status|git show|ls|sed -n|grep|rg)\b",
 }
 
-# A tool result failed when the harness flagged it (`is_error`), reported a non-zero exit code,
-# or its text matches one of these.
-EXIT_CODE = r"(?i)(?:exit(?:ed with)? code:?|exit status|\"exit_code\":)\s*(-?\d+)"
+# A shell command (not a check, not apply_patch) writes a file when it redirects output into one (`> F`, `>> F`,
+# `cat > F <<EOF`) or tees into one: each pattern's group 1 is the file. Devices (`/dev/null`) are not files.
+# mini-swe-agent and the harnesses' shell tools write this way; such a call stays a `shell` call and counts as a
+# write for self-verification. Quoted `>` inside a string also matches (a known over-count).
+SHELL_WRITES: tuple[str, ...] = (r"(?:^|[^0-9&>])>>?\s*([^\s&|;<>()'\"]+)",
+                                 r"(?:^|[;&|]\s*)tee\s+(?:-a\s+)?([^\s&|;<>()'\"-][^\s&|;<>()'\"]*)")
+
+# A tool result failed when the harness flagged it (`is_error`), reported a non-zero exit code (mini-swe-agent
+# reports `"returncode": N`), or its text matches one of these.
+EXIT_CODE = r"(?i)(?:exit(?:ed with)? code:?|exit status|\"exit_code\":|\"returncode\":|<returncode>)\s*(-?\d+)"
 ERROR_TEXT = (r"^\s*(<tool_use_error>|Error:|ERROR:|error:|Traceback \(most recent call last\)|fatal:)"
               r"|: command not found|No such file or directory|Permission denied")
 
@@ -143,10 +153,24 @@ PRICES: tuple[tuple[str, float, float, float, float], ...] = (
 # state): tool name -> JSON path of the items, each with a `status`. Task tools create items one
 # call at a time (ids 1, 2, ... in creation order, as Claude Code numbers them) and update them
 # by `taskId`.
-PLAN_SNAPSHOTS: dict[str, str] = {"TodoWrite": "$.todos", "update_plan": "$.plan", "todo_write": "$.todos"}
-PLAN_CREATE: tuple[str, ...] = ("TaskCreate",)
-PLAN_UPDATE: tuple[str, ...] = ("TaskUpdate",)
-PLAN_DONE = "completed"
+PLAN_SNAPSHOTS: dict[str, str] = {"TodoWrite": "$.todos", "update_plan": "$.plan", "todo_write": "$.todos",
+                                  "todowrite": "$.todos", "write_todos": "$.todos"}  # OpenCode, Gemini CLI
+# Item tools: each create call adds one item (numbered 1, 2, ... in call order); an update names its item by the
+# argument at the given JSON path, or (None: Codex and OpenClaw goals, one active at a time) updates the latest
+# item created before it.
+PLAN_CREATE: tuple[str, ...] = ("TaskCreate", "create_goal")
+PLAN_UPDATE: dict[str, str | None] = {"TaskUpdate": "$.taskId", "update_goal": None}
+PLAN_DONE: tuple[str, ...] = ("completed", "complete")  # todo lists and tasks say completed, goals complete
+
+# A tool result names its call by id, and some harnesses rewrite the ids they send back (OpenClaw drops the `_`
+# of `call_…`): results are matched to calls on the id without these characters.
+CALL_ID_DROP = r"[^A-Za-z0-9]"
+
+# Deferred-tool wrappers: the model calls the wrapper with the real tool's name and arguments (OpenClaw
+# `tool_call` {id, args}, Qwen Code `tool_call` {name, arguments}). The analysis reads the call as the tool it
+# wraps (its kind, path, plan; an id `openclaw:core:create_goal` names `create_goal`); `tool_calls.via` keeps the
+# wrapper's name. (keys naming the tool, keys of its arguments)
+TOOL_WRAPPERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {"tool_call": (("id", "name"), ("args", "arguments"))}
 
 # Argument keys that carry a subagent's prompt (its sub-conversation's first user text).
 SUBAGENT_PROMPT_KEYS: tuple[str, ...] = ("prompt", "task", "message")

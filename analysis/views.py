@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from . import gui, kinds
+from . import kinds
 from .groups import FIXED, metrics_by, pass_curve_by
 from .reliability import pass_at_k, pass_pow_k
 
@@ -48,12 +48,33 @@ def _snapshot_statuses() -> str:
     return f"CASE {whens} END"
 
 
+def _update_target() -> str:
+    """The item a plan update names (kinds.PLAN_UPDATE), NULL for updates of the latest item."""
+    whens = " ".join(f"WHEN tool_name = {_lit(t)} THEN json_extract_string(try(arguments::JSON), {_lit(path)})"
+                     for t, path in kinds.PLAN_UPDATE.items() if path)
+    return f"CASE {whens} END"
+
+
 def _lit_list(values: list[str]) -> str:
     return "[" + ", ".join(map(_lit, values)) + "]"
 
 
 def _names(names: tuple[str, ...]) -> str:
     return ", ".join(map(_lit, names))
+
+
+def _unwrap(part: str) -> str:
+    """The wrapped tool's name (`part` = 'name'; a catalogue id such as `openclaw:core:create_goal` gives its last
+    part) or arguments ('args') of a wrapper call, else the call's own."""
+    whens = []
+    for wrapper, (name_keys, arg_keys) in kinds.TOOL_WRAPPERS.items():
+        keys = name_keys if part == "name" else arg_keys
+        fn = "json_extract_string" if part == "name" else "json_extract"
+        got = "coalesce(" + ", ".join(f"{fn}(try(m.arguments::JSON), {_lit('$.' + k)})" for k in keys) + ")"
+        value = f"regexp_replace({got}, '^.*:', '')" if part == "name" else f"CAST({got} AS VARCHAR)"
+        whens.append(f"WHEN m.tool_name = {_lit(wrapper)} AND {got} IS NOT NULL THEN {value}")
+    own = "m.tool_name" if part == "name" else "m.arguments"
+    return f"CASE {' '.join(whens)} ELSE {own} END"
 
 
 # `turn` counts a session's model calls in time order; `segment_index` / `segment_turn` place each in the
@@ -69,7 +90,8 @@ FROM calls WHERE len(output_refs) > 0
 """
 
 # Paths read from a tool call's arguments, parsed once per call: [command keys, path keys, target keys, patch].
-_ARG_PATHS = [*(f"$.{k}" for k in (*kinds.COMMAND_KEYS, *kinds.PATH_KEYS, *kinds.TARGET_KEYS)), "$.input", "$.patch"]
+_ARG_PATHS = [*(f"$.{k}" for k in (*kinds.COMMAND_KEYS, *kinds.PATH_KEYS, *kinds.TARGET_KEYS)), "$.input", "$.patch",
+              "$.patchText"]
 _N_CMD, _N_PATH, _N_TARGET = len(kinds.COMMAND_KEYS), len(kinds.PATH_KEYS), len(kinds.TARGET_KEYS)
 
 
@@ -80,18 +102,22 @@ def _slot(first: int, count: int) -> str:
 # A tool call part is written with the call whose output first held it (`messages.call_id`), so its turn
 # is that call's and its position its index in that call's output_refs.
 TOOL_CALLS = f"""
-WITH raw AS (
-  SELECT m.session_id, m.call_id, t.turn, list_position(t.output_refs, m.part_hash) AS pos,
-         m.tool_call_id, m.tool_name, m.arguments, coalesce(k.kind, 'other') AS declared_kind,
-         json_extract_string(try(m.arguments::JSON), {_lit_list(_ARG_PATHS)}) AS v
+WITH made AS (  -- a deferred-tool wrapper (kinds.TOOL_WRAPPERS) is read as the tool it calls
+  SELECT m.session_id, m.call_id, t.turn, list_position(t.output_refs, m.part_hash) AS pos, m.tool_call_id,
+         {_unwrap('name')} AS tool_name, {_unwrap('args')} AS arguments,
+         CASE WHEN m.tool_name IN ({_names(tuple(kinds.TOOL_WRAPPERS))}) THEN m.tool_name END AS via
   FROM messages m JOIN turns t ON t.call_id = m.call_id
-  LEFT JOIN tool_kinds k ON k.tool_name = m.tool_name
   WHERE m.part_type = 'tool_call' AND m.direction = 'output'),
+raw AS (
+  SELECT made.*, coalesce(k.kind, 'other') AS declared_kind,
+         json_extract_string(try(arguments::JSON), {_lit_list(_ARG_PATHS)}) AS v
+  FROM made LEFT JOIN tool_kinds k USING (tool_name)),
 cmd0 AS (
   SELECT * EXCLUDE (v), {_slot(1, _N_CMD)} AS cmd_raw,
     {_slot(1 + _N_CMD, _N_PATH)} AS arg_path,
     {_slot(1 + _N_CMD + _N_PATH, _N_TARGET)} AS arg_target,
-    coalesce(v[{len(_ARG_PATHS) - 1}], v[{len(_ARG_PATHS)}], CASE WHEN v IS NULL THEN arguments END) AS patch
+    coalesce(v[{len(_ARG_PATHS) - 2}], v[{len(_ARG_PATHS) - 1}], v[{len(_ARG_PATHS)}], CASE WHEN v IS NULL THEN arguments END)
+      AS patch
   FROM raw),
 cmd1 AS (  -- a command given as a list (["bash", "-lc", S]) arrives as its JSON text
   SELECT *, CASE WHEN starts_with(ltrim(cmd_raw), '[') THEN try(json_extract_string(cmd_raw, '$[*]')) END AS argv
@@ -115,15 +141,24 @@ kinded AS (
            AS program_arg,
          coalesce(arg_path, CASE WHEN patch IS NOT NULL OR command IS NOT NULL THEN
                   nullif(regexp_extract(coalesce(patch, command), {_lit(kinds.PATCH_FILE)}, 1), '') END) AS path
-  FROM prog)
-SELECT session_id, call_id, turn, pos, turn * 100000 + pos AS step, tool_call_id, tool_name,
-       CASE WHEN program = 'apply_patch' THEN 'write' ELSE declared_kind END AS kind, arguments, path, command,
-       command_line, program, program_arg,
-       coalesce(path, CASE WHEN command IS NOT NULL THEN program || coalesce(' ' || program_arg, '') END,
+  FROM prog),
+checked AS (
+  SELECT *, CASE WHEN declared_kind = 'shell' AND program <> 'apply_patch'
+                 THEN {_first_match('command_line', kinds.CHECK_COMMANDS)} END AS check_kind
+  FROM kinded),
+written AS (  -- a shell command that is not a check and redirects or tees into a file writes it (kinds.SHELL_WRITES)
+  SELECT *, CASE WHEN declared_kind = 'shell' AND program <> 'apply_patch' AND check_kind IS NULL
+                 THEN list_filter([{", ".join(f"nullif(regexp_extract(command_line, {_lit(p)}, 1), '')" for p in kinds.SHELL_WRITES)}],
+                                  lambda f: f IS NOT NULL AND NOT starts_with(f, '/dev/'))[1] END AS shell_write
+  FROM checked)
+SELECT session_id, call_id, turn, pos, turn * 100000 + pos AS step, tool_call_id,
+       regexp_replace(tool_call_id, {_lit(kinds.CALL_ID_DROP)}, '', 'g') AS call_key, tool_name, via,
+       CASE WHEN program = 'apply_patch' THEN 'write' ELSE declared_kind END AS kind, arguments,
+       coalesce(path, shell_write) AS path, command, command_line, program, program_arg,
+       coalesce(path, shell_write, CASE WHEN command IS NOT NULL THEN program || coalesce(' ' || program_arg, '') END,
                 arg_target, tool_name) AS target,
-       CASE WHEN declared_kind = 'shell' AND program <> 'apply_patch'
-            THEN {_first_match('command_line', kinds.CHECK_COMMANDS)} END AS check_kind
-FROM kinded
+       check_kind, program = 'apply_patch' OR declared_kind = 'write' OR shell_write IS NOT NULL AS writes_file
+FROM written
 """
 
 TOOL_RESULTS = f"""
@@ -137,7 +172,9 @@ g AS (
          max(try_cast(nullif(regexp_extract(content, {_lit(kinds.EXIT_CODE)}, 1), '') AS INTEGER)) AS exit_code,
          bool_or(regexp_matches(content, {_lit(kinds.ERROR_TEXT)})) AS error_text
   FROM r GROUP BY session_id, tool_call_id)
-SELECT *, is_error OR coalesce(exit_code, 0) <> 0 OR error_text AS failed FROM g
+SELECT *, regexp_replace(tool_call_id, {_lit(kinds.CALL_ID_DROP)}, '', 'g') AS call_key,
+       is_error OR coalesce(exit_code, 0) <> 0 OR error_text AS failed
+FROM g
 """
 
 # An episode is a run of failed calls of one intent; the first success after it is what ends it, so the
@@ -146,7 +183,7 @@ SELECT *, is_error OR coalesce(exit_code, 0) <> 0 OR error_text AS failed FROM g
 RECOVERIES = """
 WITH a AS (
   SELECT tc.session_id, tc.kind, tc.target, tc.step, tc.turn, tr.failed
-  FROM tool_calls tc JOIN tool_results tr USING (session_id, tool_call_id)),
+  FROM tool_calls tc JOIN tool_results tr USING (session_id, call_key)),
 b AS (
   SELECT *, min(step) FILTER (WHERE NOT failed) OVER w AS next_ok_step,
             arg_min(turn, step) FILTER (WHERE NOT failed) OVER w AS next_ok_turn
@@ -164,12 +201,13 @@ VERIFICATION = """
 WITH w AS (
   SELECT session_id, count(*) AS writes, max(step) AS last_write_step, arg_max(turn, step) AS last_write_turn,
          list(DISTINCT path) FILTER (WHERE path IS NOT NULL) AS written
-  FROM tool_calls WHERE kind = 'write' GROUP BY session_id),
-ck AS (
+  FROM tool_calls WHERE writes_file GROUP BY session_id),
+ck AS (  -- a read of a written file: the same path, or one path ending in /<the other> (relative against absolute)
   SELECT tc.session_id, tc.step, tc.turn, coalesce(tc.check_kind, 'reread') AS check_kind
   FROM tool_calls tc JOIN w USING (session_id)
   WHERE tc.step > w.last_write_step
-    AND (tc.check_kind IS NOT NULL OR (tc.kind = 'read' AND list_contains(w.written, tc.path))))
+    AND (tc.check_kind IS NOT NULL OR (tc.kind = 'read' AND len(list_filter(w.written, lambda p: p = tc.path
+         OR ends_with(tc.path, '/' || p) OR ends_with(p, '/' || tc.path))) > 0)))
 SELECT w.session_id, any_value(w.writes) AS writes, any_value(w.last_write_turn) AS last_write_turn,
        min(ck.turn) AS check_turn, arg_min(ck.check_kind, ck.step) AS check_kind,
        min(ck.turn) IS NOT NULL AS verified, min(ck.turn) - any_value(w.last_write_turn) AS verify_latency_turns
@@ -232,7 +270,8 @@ WITH offered AS (  -- a namespace (Codex) offers the tools it holds
                      ELSE [tool->>'name'] END) AS tool_name
   FROM (SELECT session_id, unnest(json_extract(tools, '$[*]')) AS tool
         FROM (SELECT DISTINCT session_id, tools FROM calls WHERE tools IS NOT NULL))),
-used AS (SELECT DISTINCT session_id, tool_name FROM tool_calls),
+used AS (SELECT DISTINCT session_id, tool_name FROM tool_calls
+         UNION SELECT DISTINCT session_id, via FROM tool_calls WHERE via IS NOT NULL),
 j AS (
   SELECT coalesce(o.session_id, u.session_id) AS session_id, o.tool_name IS NOT NULL AS is_offered,
          u.tool_name IS NOT NULL AS is_used
@@ -249,20 +288,24 @@ WITH snap AS (
   FROM (SELECT *, try(arguments::JSON) AS args FROM tool_calls WHERE tool_name IN ({_names(tuple(kinds.PLAN_SNAPSHOTS))}))
   GROUP BY session_id),
 created AS (
-  SELECT session_id, CAST(row_number() OVER (PARTITION BY session_id ORDER BY step) AS VARCHAR) AS task_id
+  SELECT session_id, step, CAST(row_number() OVER (PARTITION BY session_id ORDER BY step) AS VARCHAR) AS task_id
   FROM tool_calls WHERE tool_name IN ({_names(kinds.PLAN_CREATE)})),
-updates AS (
-  SELECT session_id, json_extract_string(try(arguments::JSON), '$.taskId') AS task_id,
-         arg_max(json_extract_string(try(arguments::JSON), '$.status'), step)
-           FILTER (WHERE json_extract_string(try(arguments::JSON), '$.status') IS NOT NULL) AS status
-  FROM tool_calls WHERE tool_name IN ({_names(kinds.PLAN_UPDATE)}) GROUP BY ALL),
+update_calls AS (
+  SELECT session_id, step, json_extract_string(try(arguments::JSON), '$.status') AS status,
+         {_update_target()} AS task_id
+  FROM tool_calls WHERE tool_name IN ({_names(tuple(kinds.PLAN_UPDATE))})),
+updates AS (  -- an update without an item id (goals) updates the latest item created before it
+  SELECT u.session_id, coalesce(u.task_id, (SELECT arg_max(c.task_id, c.step) FROM created c
+                                            WHERE c.session_id = u.session_id AND c.step < u.step)) AS task_id,
+         arg_max(u.status, u.step) FILTER (WHERE u.status IS NOT NULL) AS status
+  FROM update_calls u GROUP BY ALL),
 tasks AS (
   SELECT c.session_id, count(*) FILTER (WHERE coalesce(u.status, '') <> 'deleted') AS items,
-         count(*) FILTER (WHERE u.status = {_lit(kinds.PLAN_DONE)}) AS completed
+         count(*) FILTER (WHERE u.status IN ({_names(kinds.PLAN_DONE)})) AS completed
   FROM created c LEFT JOIN updates u ON u.session_id = c.session_id AND u.task_id = c.task_id
   GROUP BY c.session_id),
 both_ AS (
-  SELECT session_id, len(statuses) AS items, len(list_filter(statuses, lambda s: s = {_lit(kinds.PLAN_DONE)})) AS completed
+  SELECT session_id, len(statuses) AS items, len(list_filter(statuses, lambda s: s IN ({_names(kinds.PLAN_DONE)}))) AS completed
   FROM snap
   UNION ALL SELECT session_id, items, completed FROM tasks)
 SELECT session_id, sum(items) AS plan_items, sum(completed) AS plan_completed,
@@ -303,7 +346,7 @@ WITH t AS (
   SELECT session_id, count(*) AS turns FROM turns GROUP BY 1),
 per_call AS (
   SELECT session_id, call_id, count(*) AS n, count(*) FILTER (WHERE kind = 'subagent') AS subagent,
-         count(*) FILTER (WHERE kind = 'write') AS writes
+         count(*) FILTER (WHERE writes_file) AS writes
   FROM tool_calls GROUP BY ALL),
 tc AS (
   SELECT session_id, sum(n) AS tool_calls, count(*) FILTER (WHERE n > 1) AS parallel_turns,
@@ -404,7 +447,6 @@ VIEWS: tuple[View, ...] = (
     View("pass_k", "pass@k and pass^k per task, harness, model and policy version, for k = 1..attempts", PASS_K),
     View("task_pass_rates", "scored attempts n, passed and mean reward per task, harness and policy version "
          "(forge-analyze pass-rates)", TASK_PASS_RATES),
-    *(View(name, doc, sql) for name, doc, sql in gui.VIEWS),
     *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", metrics_by(g, g)) for g in FIXED),
     *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts",
            pass_curve_by(g, g)) for g in FIXED),
@@ -421,7 +463,6 @@ def _tables(con: duckdb.DuckDBPyConnection) -> None:
     con.register("_prices", pa.table({"prefix": list(cols[0]), "input": list(cols[1]), "output": list(cols[2]),
                                       "cache_read": list(cols[3]), "cache_write": list(cols[4])}))
     con.execute("CREATE VIEW prices AS SELECT * FROM _prices")
-    gui.register_tables(con)
 
 
 def register(con: duckdb.DuckDBPyConnection, materialized: tuple[str, ...] = (),
