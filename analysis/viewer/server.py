@@ -39,9 +39,8 @@ _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript;
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT` (an IPv6 host in brackets) -> (host, port); `UserError` if it is not one."""
+    """`HOST:PORT` (IPv4 or a name) -> (host, port); `UserError` if it is not one."""
     host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UserError(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
     return host, int(port)
@@ -143,18 +142,19 @@ def _handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
 
 def serve(root: Path, listen: str = DEFAULT_LISTEN, renderer: Renderer | None = None,
           threads: int | None = None) -> None:
-    """Serve the viewer until interrupted; one line on stderr says where, once it listens."""
+    """Serve the viewer until interrupted; one line on stderr says where, once it listens.
+
+    The address is bound before the dataset is opened, so an unusable one fails at once."""
     host, port = parse_listen(listen)
-    viewer = Viewer(root, renderer, threads)
     try:
-        httpd = ThreadingHTTPServer((host, port), _handler(viewer))
+        httpd = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler)
     except OSError as e:
         raise UserError(f"--listen {listen}: cannot listen there: {e.strerror or e}") from None
-    httpd.daemon_threads = True
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{httpd.server_address[1]}/"
-    print(f"forge-analyze view: {root} at {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     try:
+        httpd.RequestHandlerClass = _handler(Viewer(root, renderer, threads))
+        httpd.daemon_threads = True
+        url = f"http://{host}:{httpd.server_address[1]}/"
+        print(f"forge-analyze view: {root} at {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         httpd.serve_forever(poll_interval=0.2)
     finally:
         httpd.server_close()
