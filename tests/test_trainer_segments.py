@@ -316,3 +316,27 @@ def test_manager_rows_go_through_verls_grpo_and_loss(served, verl_v1, monkeypatc
     assert policy_loss(new, old, response_view, mask, weights, loss_agg_mode="seq-mean-token-mean").item() == \
         pytest.approx(their_loss.item(), rel=1e-6)
     json.dumps([f["extra_fields"] for f in fields], default=str)  # what veRL logs stays serialisable
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_on_cpu(served):
+    """trainer/gpu_check.sh as the GPU machine runs it (files only, a random Qwen3), on CPU with 2 SFT steps:
+    per-call rows (5) padded to whole mini-batches of 4, one GRPO step."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    r = subprocess.run(["bash", str(REPO / "trainer" / "gpu_check.sh"), str(served["base"] / "per-call"),
+                        "--device", "cpu", "--steps", "2", "--max-length", "128", "--hidden", "32", "--layers", "1"],
+                       env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    sft = [line.split() for line in lines if line.startswith("step ")]
+    assert len(sft) == 2 and all(float(s[3]) > 0 and float(s[-1]) > 0 for s in sft)  # loss, tok/s
+    [summary] = [line for line in lines if line.startswith("rows ")]
+    assert summary.startswith("rows 5 rewards stand-in") and "'forgerl/padding_rows': 3.0" in summary
+    rl = [line.split() for line in lines if line.startswith("rl step 1 ")]
+    assert [int(s[8]) for s in rl] == [4, 4] and all(float(s[-1]) > 0 for s in rl)
+    assert float(rl[0][6]) != 0.0  # the lone rollout's advantage is its reward: the loss moves
+    assert lines[-1] == "rl done on cpu"

@@ -1,49 +1,69 @@
-"""A plain torch SFT loop over `forge-convert --to tokens` shards: the fallback when veRL cannot start.
+"""A plain torch SFT loop over `forge-convert --to tokens` shards: training without veRL.
 
 Reads `input_ids` and `loss_mask` (1 on the model's tokens) from the shards,
 trains a causal LM with the masked next-token loss, and prints one line per
-step (`step N loss X tokens T`). Used by `trainer/gpu_check.sh` on machines
-where veRL's trainer cannot run (no Ray wheel), and runnable on CPU with a
-tiny model. It needs only torch, transformers and pyarrow.
+step (`step N loss X tokens T trained M tok/s S`). `trainer/gpu_check.sh` runs
+it (as a file: it needs only torch, transformers and pyarrow, not an installed
+forgerl) on machines without veRL; it runs on CPU with a tiny model. The model
+is a Hugging Face folder (`--model`) or a small random-initialised Qwen3 built
+from a config on the spot (`--random-qwen3`), for machines with no weights.
 
-    python -m forgerl.trainer.sft_loop --tokens DIR --model PATH [--steps 20] [--lr 1e-4] [--max-length 4096]
+    python trainer/sft_loop.py --tokens DIR (--model PATH | --random-qwen3) [--steps 20] [--device cpu]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
+QWEN3_VOCAB = 151936  # Qwen3's tokenizer: the ids in recorded shards go up to here
 
-def rows(tokens: Path, max_length: int) -> list[tuple[list[int], list[int]]]:
+
+def read_rows(tokens: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """Every row of a tokens folder's parquet shards (`columns` only), in file order."""
     files = sorted(tokens.rglob("*.parquet"))
     if not files:
         raise ValueError(f"{tokens}: no parquet shards (make them with forge-convert --to tokens)")
-    out = []
-    for path in files:
-        table = pq.read_table(path, columns=["input_ids", "loss_mask"])
-        for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
-            if any(mask):
-                out.append((ids[-max_length:], mask[-max_length:]))  # keep the end: it holds the answers
+    return [row for path in files for row in pq.read_table(path, columns=columns).to_pylist()]
+
+
+def rows(tokens: Path, max_length: int) -> list[tuple[list[int], list[int]]]:
+    out = [(r["input_ids"][-max_length:], r["loss_mask"][-max_length:])  # keep the end: it holds the answers
+           for r in read_rows(tokens, ["input_ids", "loss_mask"]) if any(r["loss_mask"])]
     if not out:
         raise ValueError(f"{tokens}: no row has loss tokens")
     return out
 
 
-def train(tokens: Path, model_path: Path, steps: int, lr: float, max_length: int, device: str) -> list[float]:
+def load_model(model_path: Path | None, device: str, hidden: int = 256, layers: int = 4) -> Any:
+    """The causal LM at `model_path`, or a random-initialised Qwen3 of `hidden` x `layers` (bf16 on GPU)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if model_path is not None:
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).train()
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=QWEN3_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                         max_position_embeddings=65536, tie_word_embeddings=True)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).train()
+
+
+def train(tokens: Path, model: Any, steps: int, lr: float, max_length: int, device: str) -> list[float]:
+    import torch
 
     data = rows(tokens, max_length)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).train()
     optim = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     for step in range(steps):
         ids, mask = data[step % len(data)]
+        start = time.perf_counter()
         input_ids = torch.tensor([ids], device=device)
         labels = input_ids.clone()
         labels[torch.tensor([mask], device=device) == 0] = -100  # loss on the model's tokens only
@@ -52,26 +72,42 @@ def train(tokens: Path, model_path: Path, steps: int, lr: float, max_length: int
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         optim.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        print(f"step {step + 1} loss {loss.item():.4f} tokens {len(ids)} trained {sum(mask)}", flush=True)
+        losses.append(loss.item())  # .item() waits for the device: the step's time is complete
+        rate = len(ids) / (time.perf_counter() - start)
+        print(f"step {step + 1} loss {loss.item():.4f} tokens {len(ids)} trained {sum(mask)} tok/s {rate:.0f}",
+              flush=True)
     return losses
 
 
+def model_args(p: argparse.ArgumentParser) -> None:
+    """The options that pick the model and device (shared with rl_loop.py)."""
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", type=Path, help="Hugging Face model folder")
+    which.add_argument("--random-qwen3", action="store_true", help="a small random-initialised Qwen3 instead")
+    p.add_argument("--hidden", type=int, default=256, help="--random-qwen3 hidden size (default 256)")
+    p.add_argument("--layers", type=int, default=4, help="--random-qwen3 layers (default 4)")
+    p.add_argument("--device", default="", help="cuda or cpu (default: cuda when available)")
+
+
+def pick_device(asked: str) -> str:
+    import torch
+
+    return asked or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m forgerl.trainer.sft_loop", description=__doc__,
+    p = argparse.ArgumentParser(prog="python trainer/sft_loop.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", required=True, type=Path)
-    p.add_argument("--model", required=True, type=Path)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--max-length", type=int, default=4096)
-    p.add_argument("--device", default="", help="cuda or cpu (default: cuda when available)")
+    model_args(p)
     args = p.parse_args(argv)
     try:
-        import torch
-
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        losses = train(args.tokens, args.model, args.steps, args.lr, args.max_length, device)
+        device = pick_device(args.device)
+        model = load_model(args.model, device, args.hidden, args.layers)
+        losses = train(args.tokens, model, args.steps, args.lr, args.max_length, device)
     except (ValueError, OSError) as e:
         print(f"sft_loop: {e}", file=sys.stderr)
         return 2
