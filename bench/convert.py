@@ -24,6 +24,13 @@ Samples and tokens are the same N thread samples for all; each contender runs
 twice and the faster run counts. The template run's
 ids and loss masks are compared with veRL's item by item. Targets (DESIGN.md
 §9): >= 10x veRL, >= 50 % of raw encode, peak RSS < 1 GB.
+
+The `gui` shape (`--shapes gui`): GUI sessions, every call resending its screenshots (PNG, stored once
+per session in blobs, sizes on the parts), no engine ids, a Qwen2.5-VL tokenizer directory
+(tests/vl_checks.py). Contenders: forge-convert --to tokens (each image expanded into its image-pad ids),
+forge-convert --to verl-sft (rows with the image bytes), and veRL's MultiTurnSFTDataset with a
+Qwen2.5-VL processor over those rows (its own VL SFT path: qwen_vl_utils, the image processor, every
+item). Target: tokens >= 5x veRL with identical ids.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the GUI shape's screenshots and Qwen2.5-VL processor (as bench/runner.py)
 TOOL = {"name": "run_shell", "description": "Run a shell command",
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
 _WORDS = ("the tool reads writes file path command output error when must should never always use instead of "
@@ -123,6 +131,50 @@ def build_dataset(root: Path, sessions: int, turns: int, shape_name: str = "smal
                     history.append(Message("tool", (Part("tool_result", call_id=f"c{s}_{k}", text=output),)))
 
 
+def build_gui_dataset(root: Path, sessions: int, turns: int) -> None:
+    """GUI sessions as the recorder stores them: each step's tool result carries a new screenshot."""
+    from forgerl.recorder.images import image_size
+    from forgerl.schema.messages import Exchange, Message, Part, sha256_hex
+    from forgerl.schema.records import CallRecord
+    from forgerl.schema.store import DatasetWriter
+    from gui_sessions import ACTIONS, screenshot
+
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    tools = [{"name": name, "description": f"Playwright MCP {name}", "parameters": TOOL["parameters"]}
+             for name in ACTIONS]
+    with DatasetWriter(root, flush_interval=3600) as writer:
+        for s in range(sessions):
+            sid = f"gui-{s:05d}"
+            writer.add_session(sid, harness="bench-gui")
+            blobs: dict[str, bytes] = {}
+
+            def image(step: int) -> Part:
+                data = screenshot(s * 100 + step, (1280, 800))
+                digest = sha256_hex(data)
+                blobs[digest] = data
+                width, height = image_size(data)
+                return Part("image", blob_hash=digest, media_type="image/png", width=width, height=height)
+
+            history = [Message("system", (Part("text", text="You drive a browser with Playwright tools."),)),
+                       Message("user", (Part("text", text=f"Task {s}: find the blue mug's price."), image(0)))]
+            for k in range(turns + 1):
+                last = k == turns
+                parts = [Part("text", text=f"The price is ${s % 40 + 5}.99.")] if last else \
+                    [Part("tool_call", tool_name=ACTIONS[k % len(ACTIONS)], call_id=f"c{s}_{k}",
+                          arguments=json.dumps({"ref": f"e{k}"}))]
+                answer = Message("assistant", tuple(parts))
+                ex = Exchange(input=list(history), output=[answer], tools=tools, model_requested="qwen2.5-vl",
+                              model_returned="qwen2.5-vl", stop_reason="stop" if last else "tool_calls",
+                              blobs=dict(blobs))
+                writer.add_call(CallRecord(call_id=f"{sid}-{k}", session_id=sid, api="chat", method="POST",
+                                           path="/v1/chat/completions", t_start=t0 + timedelta(seconds=s * 60 + k),
+                                           status=200, complete=True, exchange=ex, seq=writer.next_seq()))
+                history.append(answer)
+                if not last:
+                    result = (Part("text", text=f"Ran {ACTIONS[k % len(ACTIONS)]}."), image(k + 1))
+                    history.append(Message("tool", (Part("tool_result", call_id=f"c{s}_{k}", content=result),)))
+
+
 # -- contenders (each in its own process) ------------------------------------------------------
 
 def _rss_mb() -> float:
@@ -170,6 +222,45 @@ def run_verl(sft: Path, ids_out: Path) -> dict:
             "rss_mb": _rss_mb()}
 
 
+def run_forge_vl(data: Path, out: Path, vl_dir: str, target: str) -> dict:
+    """forge-convert on the GUI shape: tokens with the VL tokenizer, or verl-sft (rows with image bytes)."""
+    import pandas  # noqa: F401 - as in run_forge
+    from forgerl.converters import pipeline  # noqa: F401
+    from forgerl.converters.cli import main
+    from forgerl.converters.tokenizer import load_tokenizer
+    from forgerl.converters.vision import ImagePads
+
+    ImagePads.from_tokenizer_dir(vl_dir, load_tokenizer(vl_dir))  # transformers' image processor, pre-clock
+    extra = ["--tokenizer", vl_dir] if target == "tokens" else []
+    t = time.perf_counter()
+    rc = main([str(data), "--to", target, "--out", str(out), "--val-fraction", "0", "--no-progress", "--no-dedupe",
+               *extra])
+    seconds = time.perf_counter() - t
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sorted(str(p) for p in out.glob("train/*.parquet")))
+    tokens = sum(table.column("num_tokens").to_pylist()) if target == "tokens" else 0
+    return {"rc": rc, "seconds": seconds, "samples": table.num_rows, "tokens": tokens, "rss_mb": _rss_mb()}
+
+
+def run_verl_vl(sft: Path, ids_out: Path, vl_dir: str) -> dict:
+    """veRL's MultiTurnSFTDataset with a Qwen2.5-VL processor over verl-sft image rows, every item."""
+    from vl_checks import VL_SITE
+    from vl_verl_load import vl_dataset, vl_processor
+
+    tokenizer, processor, keep = vl_processor(str(VL_SITE), vl_dir)  # noqa: F841 - keep: the ops' library
+    files = sorted(str(p) for p in sft.glob("train/*.parquet"))
+    t = time.perf_counter()
+    ds = vl_dataset(files, tokenizer, processor)
+    items = [ds[i] for i in range(len(ds))]
+    seconds = time.perf_counter() - t
+    ids = {sid: [it["input_ids"].tolist(), it["loss_mask"].tolist()]
+           for sid, it in zip(ds.dataframe["sample_id"].tolist(), items)}
+    ids_out.write_text(json.dumps(ids))
+    return {"seconds": seconds, "samples": len(items), "tokens": sum(len(v[0]) for v in ids.values()),
+            "rss_mb": _rss_mb()}
+
+
 def run_raw(texts_file: Path) -> dict:
     from tokenizers import Tokenizer
 
@@ -188,6 +279,10 @@ def worker(argv: list[str]) -> None:
         result = run_forge(Path(args[0]), Path(args[1]), args[2:])
     elif kind == "verl":
         result = run_verl(Path(args[0]), Path(args[1]))
+    elif kind == "forge-vl":
+        result = run_forge_vl(Path(args[0]), Path(args[1]), args[2], args[3])
+    elif kind == "verl-vl":
+        result = run_verl_vl(Path(args[0]), Path(args[1]), args[2])
     else:
         result = run_raw(Path(args[0]))
     print("RESULT " + json.dumps(result))
@@ -231,7 +326,7 @@ def main() -> int:
     p.add_argument("--sessions", type=int, default=300)
     p.add_argument("--turns", type=int, default=6, help="tool calls per session before the final answer")
     p.add_argument("--shapes", default="small,claude-code", help="session shapes to run, comma-separated "
-                   "(small, claude-code; see shape())")
+                   "(small, claude-code, gui; see shape() and build_gui_dataset())")
     p.add_argument("--quick", action="store_true", help="40 sessions")
     p.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -240,10 +335,40 @@ def main() -> int:
         return 0
     sessions = 40 if args.quick else args.sessions
     for shape_name in args.shapes.split(","):
-        if shape_name not in ("small", "claude-code"):
+        if shape_name not in ("small", "claude-code", "gui"):
             p.error(f"unknown shape {shape_name!r}")
-        run_shape(shape_name, sessions, args.turns)
+        if shape_name == "gui":
+            run_gui(min(sessions, 40), args.turns)
+        else:
+            run_shape(shape_name, sessions, args.turns)
     return 0
+
+
+def run_gui(sessions: int, turns: int) -> None:
+    from vl_checks import vl_tokenizer_dir
+
+    with tempfile.TemporaryDirectory(prefix="bench-convert-gui-") as tmp:
+        base = Path(tmp)
+        build_gui_dataset(base / "data", sessions, turns)
+        vl_dir = str(vl_tokenizer_dir(base / "qwen2_5_vl"))
+        tokens = child("forge-vl", str(base / "data"), str(base / "tok"), vl_dir, "tokens")
+        sft = child("forge-vl", str(base / "data"), str(base / "sft"), vl_dir, "verl-sft")
+        verl = child("verl-vl", str(base / "sft"), str(base / "verl-ids.json"), vl_dir, trials=1)
+        same, total = _compare(base / "tok", base / "verl-ids.json")
+    sft["tokens"] = tokens["tokens"]  # the same samples: a verl-sft row is the conversation a tokens row holds
+    print(f"\nforge-convert bench, shape gui: {sessions} sessions x {turns + 1} calls, {turns + 1} screenshots "
+          f"(1280x800 PNG) per session resent in every call, Qwen2.5-VL processor (transformers' defaults), "
+          f"{verl['tokens']} tokens in {verl['samples']} thread samples\n")
+    print(f"| {'contender':<36} | {'samples/s':>9} | {'tokens/s':>10} | {'vs veRL':>7} | {'peak RSS MB':>11} |")
+    print(f"|{'-' * 38}|{'-' * 11}:|{'-' * 12}:|{'-' * 9}:|{'-' * 13}:|")
+    verl_tps = verl["tokens"] / verl["seconds"]
+    for name, r in {"tokens (template, image pads)": tokens, "verl-sft (rows with image bytes)": sft,
+                    "veRL MultiTurnSFTDataset + processor": verl}.items():
+        tps = r["tokens"] / r["seconds"]
+        print(f"| {name:<36} | {r['samples'] / r['seconds']:>9.1f} | {tps:>10.0f} | {tps / verl_tps:>6.1f}x | "
+              f"{r['rss_mb']:>11.0f} |")
+    print(f"\nids and loss masks identical to veRL's: {same}/{total} samples")
+    print("target: tokens >= 5x veRL with identical ids")
 
 
 def run_shape(shape_name: str, sessions: int, turns: int) -> None:

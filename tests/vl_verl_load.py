@@ -30,27 +30,37 @@ def _torchvision_without_c_ops() -> object:
     return library  # the definitions live as long as the library object
 
 
-def main(argv: list[str]) -> None:
-    site, tokenizer_dir, out, *shards = argv
+def vl_processor(site: str, tokenizer_dir: str) -> tuple:
+    """(tokenizer, Qwen2_5_VLProcessor, torchvision op library to keep alive), with `site` on the path."""
     sys.path.insert(0, site)
-    keep = _torchvision_without_c_ops()  # noqa: F841 - must outlive the imports below
+    library = _torchvision_without_c_ops()
     import qwen_vl_utils  # noqa: F401 - veRL's process_image imports it; fail here if it cannot
     from transformers import AutoTokenizer, Qwen2_5_VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
-    from forgerl.trainer.sft_dataset import ForgeSFTDataset
-
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     processor = Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessorPil.from_pretrained(tokenizer_dir),
                                     tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
                                     chat_template=(Path(tokenizer_dir) / "chat_template.jinja").read_text())
+    return tokenizer, processor, library
+
+
+def vl_dataset(shards: list[str], tokenizer, processor):
+    """veRL's view of some verl-sft shards: ForgeSFTDataset, strict sanity check, no padding."""
+    from forgerl.trainer.sft_dataset import ForgeSFTDataset
+
+    return ForgeSFTDataset(shards, tokenizer, {"pad_mode": "no_padding", "max_length": 1 << 22, "truncation": "error",
+                                               "ignore_input_ids_mismatch": False}, processor=processor)
+
+
+def main(argv: list[str]) -> None:
+    site, tokenizer_dir, out, *shards = argv
+    tokenizer, processor, keep = vl_processor(site, tokenizer_dir)  # noqa: F841 - keep: the ops' library
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     seen: dict[str, dict] = {}
     for shard in shards:
-        dataset = ForgeSFTDataset([shard], tokenizer, {"pad_mode": "no_padding", "max_length": 1 << 22,
-                                                       "truncation": "error", "ignore_input_ids_mismatch": False},
-                                  processor=processor)
+        dataset = vl_dataset([shard], tokenizer, processor)
         for i in range(len(dataset)):
             item = dataset[i]
             row = dataset.dataframe.iloc[i]
