@@ -189,6 +189,27 @@ def test_report_html_shows_what_changed(versions, tmp_path):
     assert page.count("<svg") == 4
 
 
+@pytest.mark.slow
+def test_what_changed_renders_in_headless_chromium(versions, tmp_path):
+    """The section's table and learning-curve panels draw in a real browser, with no console errors."""
+    import asyncio
+
+    from test_analysis_report import _chromium, _render
+
+    page = tmp_path / "r.html"
+    assert analyze("report", str(versions), "--out", str(page)).returncode == 0
+    proc, ws_url = _chromium(tmp_path / "profile")
+    try:
+        problems, plots = asyncio.run(_render(ws_url, page, tmp_path / "r.png"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert problems == []
+    assert [p["id"] for p in plots] == ["metric-bars", "pass-curves", "tool-kinds", "learning-curves"]
+    curves = plots[-1]
+    assert curves["width"] > 600 and curves["height"] > 150 and curves["shapes"] > 40, curves
+
+
 def test_compare_cli(versions, capsys):
     r = analyze("compare", str(versions), "--a", "policy_version=v1", "--b", "policy_version=v2", "--json")
     assert r.returncode == 0, r.stderr
