@@ -12,7 +12,8 @@ whole delta for a policy that cannot stream). Three implementations:
   sampled tokens' logprobs in `choices[0].logprobs.token_logprobs`. With
   `stream: true` each SSE chunk carries the same fields for the tokens it
   adds (vLLM's `CompletionResponseStreamChoice`), the last one the
-  `finish_reason`; an error mid-stream is an `{"error": ...}` chunk.
+  `finish_reason`; an error mid-stream is an `{"error": ...}` chunk. A
+  server that answers a streamed request whole (JSON) is one delta.
 - `ScriptedPolicy`: emits chosen texts as token sequences (logprob 0: a
   deterministic policy), so tests can make a real harness run real tools.
 - veRL's rollout servers, through `forgerl.trainer.agent_loop` (Ray calls).
@@ -103,6 +104,10 @@ class HTTPPolicy:
             async with self._post(prompt_ids, sampling, True) as response:
                 if response.status != 200:
                     raise PolicyError(f"policy server answered {response.status}: {(await response.text())[:300]}")
+                if response.content_type == "application/json":  # a server that does not stream answers whole
+                    whole = _generation(await response.json())
+                    yield Delta(whole.token_ids, whole.logprobs, whole.finish_reason)
+                    return
                 decoder = SSEDecoder()
                 async for chunk in response.content.iter_any():
                     for event in decoder.feed(chunk):

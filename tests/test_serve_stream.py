@@ -1,5 +1,5 @@
-"""Serve mode streams as the policy generates: real SDK clients, `forge-record serve --policy` in front of a
-streaming vLLM-protocol policy (`ScriptedPolicyServer`, one token every 20 ms), all over real sockets.
+"""Serve mode streams as the policy generates: real SDK clients, the recorder and gateway of
+`forge-record serve --policy` in front of a streaming vLLM-protocol policy (`ScriptedPolicyServer`, one token every 20 ms), all over real sockets.
 
 Each test checks what the harness saw (deltas before the policy finished, well-formed tool-use blocks, the
 API's own error event) and what was recorded (the ids and logprobs the policy streamed, exactly)."""
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import anthropic
 import numpy as np
@@ -16,10 +18,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from forgerl.recorder.policy import HTTPPolicy
+from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig, free_port
 from forgerl.recorder.serve import GatewayThread, PolicyGateway
 from forgerl.schema.toolcalls import FORMATS, parse_generation
 
-from conftest import RecorderProcess, session_calls
+from conftest import session_calls
 from serve_fixtures import TOKENIZER_DIR, ScriptedPolicyServer
 
 THINK = ("<think>\nThe user wants a long answer, so I will write one.\n</think>\n\nHere is a longer answer that "
@@ -47,12 +50,24 @@ def policy(tok):
         yield server
 
 
+@dataclass
+class Served:
+    url: str
+    out: Path
+
+    def base(self, session: str) -> str:
+        return f"{self.url}/s/{session}"
+
+
 @pytest.fixture(scope="module")
-def served(policy, tmp_path_factory):
-    proc = RecorderProcess(tmp_path_factory.mktemp("stream") / "data", None, "--policy", policy.url, "--tokenizer",
-                           str(TOKENIZER_DIR), "--served-model", "tiny", "--policy-version", "v9").start()
-    yield proc
-    proc.stop()
+def served(policy, tok, tmp_path_factory):
+    """What `forge-record serve --policy URL` runs (test_serve.py runs the CLI itself): the recorder in front of a
+    gateway to the policy, here in this process so the module does not pay a second start-up."""
+    out = tmp_path_factory.mktemp("stream") / "data"
+    with GatewayThread(PolicyGateway(HTTPPolicy(policy.url, "tiny"), tok, "tiny")) as gateway_url:
+        config = RecorderConfig.one_upstream(out, gateway_url, listen_port=free_port(), policy_version="v9")
+        with BackgroundRecorder(config):
+            yield Served(config.url, out)
 
 
 def said(policy: ScriptedPolicyServer, turn: str):
