@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from datetime import datetime, timezone
 
@@ -265,8 +264,18 @@ def test_manager_rows_go_through_verls_grpo_and_loss(served, verl_v1, monkeypatc
     from forgerl.trainer.segment_manager import SegmentAgentLoopWorker, check_config
 
     monkeypatch.setattr(agent_loop_tq, "list_of_dict_to_tensordict", tq_double.keep_rows)
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from forgerl.trainer.rl import MANAGER
+
     config = ppo_config(served, rows="thread", segment_reward="discount", gamma=0.5, weighting="rollout")
-    check_config(config)
+    manager = load_class_from_fqn(MANAGER, "AgentLoopManager")(config, llm_client=None)  # as veRL's runner does
+    assert manager.agent_loop_workers_class.__ray_actor_class__ is SegmentAgentLoopWorker
+    for bad, message in (({"trainer": {"use_v1": False}}, "legacy trainer"),
+                         ({"algorithm": {"rollout_correction": {"rollout_is": "token"}}}, "rollout_is"),
+                         ({"forgerl": {"weighting": "tokens"}}, "forgerl.weighting")):
+        with pytest.raises(ValueError, match=message):
+            check_config(OmegaConf.merge(config, bad))
     loop = harness_loop(served, config)
     calls = served["calls"]
     first = [c for c in calls if c["segment_index"] == 0]
@@ -315,7 +324,6 @@ def test_manager_rows_go_through_verls_grpo_and_loss(served, verl_v1, monkeypatc
                                                            rollout_is_weights=weights)
     assert policy_loss(new, old, response_view, mask, weights, loss_agg_mode="seq-mean-token-mean").item() == \
         pytest.approx(their_loss.item(), rel=1e-6)
-    json.dumps([f["extra_fields"] for f in fields], default=str)  # what veRL logs stays serialisable
 
 
 @pytest.mark.slow

@@ -20,7 +20,6 @@ stand-in` says so in the output; the smoke checks the mechanics, not learning).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -29,11 +28,11 @@ from typing import Any
 if __package__:
     from .segment_rl import (LOSS_AGG_MODES, SEGMENT_REWARDS, WEIGHTINGS, Row, batch_multiple, expansion_metrics,
                              padding_rows, policy_loss, rollout_rows, to_batch)
-    from .sft_loop import load_model, model_args, pick_device, read_rows
+    from .sft_loop import load_model, loop_parser, pick_device, read_rows
 else:  # run as a file (gpu_check.sh): its folder is on sys.path, forgerl need not be installed
     from segment_rl import (LOSS_AGG_MODES, SEGMENT_REWARDS, WEIGHTINGS, Row, batch_multiple, expansion_metrics,
                             padding_rows, policy_loss, rollout_rows, to_batch)
-    from sft_loop import load_model, model_args, pick_device, read_rows
+    from sft_loop import load_model, loop_parser, pick_device, read_rows
 
 COLUMNS = ["session_id", "segment_index", "input_ids", "loss_mask", "reward"]
 
@@ -103,19 +102,13 @@ def rl_step(model: Any, padded: list[Row], device: str, lr: float, mini_batch_ro
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python trainer/rl_loop.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", required=True, type=Path)
-    p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--max-length", type=int, default=2048, help="cut each row to its last N tokens")
+    p = loop_parser("python trainer/rl_loop.py", __doc__, steps=1, lr=1e-5, max_length=2048)
     p.add_argument("--mini-batch-rows", type=int, default=4)
     p.add_argument("--dp-size", type=int, default=1, help="rows must also divide by this (padding rows)")
     p.add_argument("--segment-reward", choices=SEGMENT_REWARDS, default="copy")
     p.add_argument("--gamma", type=float, default=0.9)
     p.add_argument("--weighting", choices=WEIGHTINGS, default="rollout")
     p.add_argument("--loss-agg-mode", choices=LOSS_AGG_MODES, default="seq-mean-token-mean")
-    model_args(p)
     args = p.parse_args(argv)
     try:
         rows, stand_in = shard_rows(args.tokens, args.max_length, args.segment_reward, args.gamma, args.weighting,

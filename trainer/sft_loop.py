@@ -79,14 +79,20 @@ def train(tokens: Path, model: Any, steps: int, lr: float, max_length: int, devi
     return losses
 
 
-def model_args(p: argparse.ArgumentParser) -> None:
-    """The options that pick the model and device (shared with rl_loop.py)."""
+def loop_parser(prog: str, doc: str | None, steps: int, lr: float, max_length: int) -> argparse.ArgumentParser:
+    """The options both torch loops take: shards, steps, learning rate, length, model and device."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", required=True, type=Path, help="forge-convert --to tokens output")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--max-length", type=int, default=max_length, help="cut each row to its last N tokens")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", type=Path, help="Hugging Face model folder")
     which.add_argument("--random-qwen3", action="store_true", help="a small random-initialised Qwen3 instead")
     p.add_argument("--hidden", type=int, default=256, help="--random-qwen3 hidden size (default 256)")
     p.add_argument("--layers", type=int, default=4, help="--random-qwen3 layers (default 4)")
     p.add_argument("--device", default="", help="cuda or cpu (default: cuda when available)")
+    return p
 
 
 def pick_device(asked: str) -> str:
@@ -96,14 +102,7 @@ def pick_device(asked: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python trainer/sft_loop.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", required=True, type=Path)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--max-length", type=int, default=4096)
-    model_args(p)
-    args = p.parse_args(argv)
+    args = loop_parser("python trainer/sft_loop.py", __doc__, steps=20, lr=1e-4, max_length=4096).parse_args(argv)
     try:
         device = pick_device(args.device)
         model = load_model(args.model, device, args.hidden, args.layers)
