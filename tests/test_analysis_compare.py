@@ -159,7 +159,7 @@ def test_compare_policy_versions_matches_hand_labels(versions):
     assert [r.as_dict() for r in again.rows] == [r.as_dict() for r in c.rows]  # seeded: same intervals
 
 
-def test_grouping_by_version_label_and_outcome(versions):
+def test_grouping_by_version_label_and_outcome(versions, capsys):
     con = connect(versions)
     assert con.execute("SELECT DISTINCT policy_version FROM session_info ORDER BY 1").fetchall() == [("v1",), ("v2",)]
     curve = {(r["harness"], r["policy_version"]): r for r in learning_curves(con)}
@@ -167,20 +167,18 @@ def test_grouping_by_version_label_and_outcome(versions):
     # claude-code alone: v1 writes only in recover2 (unverified) -> 0; v2 2 x cc-verify of 3 -> 2/3
     assert curve[("claude-code", "v1")]["verification_rate"] == 0.0
     assert curve[("claude-code", "v2")]["verification_rate"] == pytest.approx(2 / 3)
-    r = analyze("report", str(versions), "--by", "stage")
-    assert r.returncode == 0, r.stderr
-    lines = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
+    assert main(["report", str(versions), "--by", "stage"]) == 0  # in-process: the verb's own wrapper
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
     assert lines["early"][1] == "6" and lines["late"][1] == "6"
     assert lines["early"][10] == "17%" and lines["late"][10] == "83%"  # pass@1, as in EXPECTED
-    r = analyze("report", str(versions), "--by", "status")
-    assert r.returncode == 0 and {line.split()[0] for line in r.stdout.splitlines()[1:]} == {"failed", "success"}
+    assert main(["report", str(versions), "--by", "status"]) == 0
+    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]} == {"failed", "success"}
 
 
-def test_report_html_shows_what_changed(versions, tmp_path):
+def test_report_html_shows_what_changed(versions, tmp_path, capsys):
     out = tmp_path / "r.html"
-    r = analyze("report", str(versions), "--by", "policy_version", "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    assert [line.split()[0] for line in r.stdout.splitlines()[1:]] == ["v1", "v2"]
+    assert main(["report", str(versions), "--by", "policy_version", "--out", str(out)]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["v1", "v2"]
     page = out.read_text()
     assert 'id="what-changed"' in page and 'id="changes"' in page and 'id="learning-curves"' in page
     changes = page.split('id="changes"')[1].split("</table>")[0]
@@ -217,9 +215,9 @@ def test_compare_cli(versions, capsys):
     assert doc["tasks"] == ["t-fix", "t-greet", "t-sum"] and doc["seed"] == 0 and doc["resamples"] == 2000
     got = {m["metric"]: m for m in doc["metrics"]}
     assert got["recovery_rate"]["delta"] == pytest.approx(0.25) and len(got["recovery_rate"]["delta_ci"]) == 2
-    r = analyze("compare", str(versions), "--a", "stage=early", "--b", "stage=late")
-    assert r.returncode == 0, r.stderr
-    assert "3 paired tasks" in r.stdout and "verify" in r.stdout and "pass^2" in r.stdout
+    assert main(["compare", str(versions), "--a", "stage=early", "--b", "stage=late"]) == 0
+    out = capsys.readouterr().out
+    assert "3 paired tasks" in out and "verify" in out and "pass^2" in out
     for args, message in [
         (("--a", "policy_version=v1", "--b", "colour=red"), "unknown --b column 'colour'; choose one of: harness"),
         (("--a", "policy_version", "--b", "policy_version=v2"), "--a 'policy_version': expected COLUMN=VALUE"),
