@@ -101,11 +101,14 @@ class Row:
     delta_ci: Interval | None
 
     def as_dict(self) -> dict:
+        """JSON-ready: an undefined value (NaN) or interval is null."""
         def ci(i: Interval | None) -> list[float] | None:
             return None if i is None else [i.low, i.high]
-        nan = lambda v: None if v != v else v  # noqa: E731 - NaN (undefined) as JSON null
-        return {"metric": self.metric, "tasks": self.tasks, "a": nan(self.a), "b": nan(self.b),
-                "delta": nan(self.delta), "a_ci": ci(self.a_ci), "b_ci": ci(self.b_ci), "delta_ci": ci(self.delta_ci)}
+
+        def num(v: float) -> float | None:
+            return None if v != v else v
+        return {"metric": self.metric, "tasks": self.tasks, "a": num(self.a), "b": num(self.b),
+                "delta": num(self.delta), "a_ci": ci(self.a_ci), "b_ci": ci(self.b_ci), "delta_ci": ci(self.delta_ci)}
 
 
 @dataclass
