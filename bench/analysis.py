@@ -227,7 +227,7 @@ def pandas_metrics(root: str) -> dict[str, dict]:
     snaps = tc[tc.tool_name.isin(kinds.PLAN_SNAPSHOTS)].sort_values("step").groupby("session_id").tail(1)
     items = snaps.apply(lambda r: json.loads(r.arguments)[kinds.PLAN_SNAPSHOTS[r.tool_name][2:]], axis=1)
     plans = pd.DataFrame({"session_id": snaps.session_id, "items": items.map(len),
-                          "done": items.map(lambda xs: sum(x["status"] == kinds.PLAN_DONE for x in xs))})
+                          "done": items.map(lambda xs: sum(x["status"] in kinds.PLAN_DONE for x in xs))})
 
     # costs at list price
     def price(model):
