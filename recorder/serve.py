@@ -202,10 +202,6 @@ class PolicyGateway:
         if codec not in (ANTHROPIC, RESPONSES, CHAT, GEMINI):
             return _error(404, f"serve mode does not answer {request.path}")
         exchange = parse_call(codec, request.path, body)
-        from . import serve_vl  # image-bearing calls go to the policy's chat endpoint (its module says why)
-
-        if serve_vl.has_images(exchange):
-            return await serve_vl.answer(self, request, codec, exchange, body)
         turn = await self._turn(exchange, "toolu_" if codec is ANTHROPIC else "call_")
         if _streamed(codec, request.path, body):
             return await self._stream(request, turn, codec.stream_writer(turn.head, body))
