@@ -30,10 +30,11 @@ import re
 from collections import Counter
 from typing import Any
 
-from forgerl.schema.chat import chat_tools, to_chat_messages
+from forgerl.schema.chat import chat_tools, image_parts, to_chat_messages
 
 from .source import Call
 from .tokens import Renderer, TokenSample
+from .vision import ImagePads, SampleImages, verl_content
 
 _EXAMPLES = 20
 _WINDOW = 40
@@ -75,8 +76,8 @@ def _in_sample(segment_id: str) -> bool:
 
 
 class DriftReport:
-    def __init__(self, renderer: Renderer | None, mode: str = "sample"):
-        self.renderer, self.mode = renderer, mode
+    def __init__(self, renderer: Renderer | None, mode: str = "sample", pads: ImagePads | None = None):
+        self.renderer, self.mode, self.pads = renderer, mode, pads
         self.segments = self.segments_checked = 0
         self.checks: dict[str, Counter] = {name: Counter() for name in
                                            ("prompt_rerender", "history_rerender", "verl_sanity")}
@@ -122,13 +123,29 @@ class DriftReport:
             if not every and n != last:
                 previous = call
                 continue
-            rendered = self.renderer.ids(to_chat_messages(call.input, arguments="json"),
-                                         chat_tools(call.tools) or None, True, enable_thinking)
+            rendered = self._render_prompt(call, enable_thinking)
+            if rendered is None:
+                previous = None
+                continue
             self._record("prompt_rerender", call.row["call_id"], call.engine_ids[0].tolist(), rendered)
             if previous is not None:
                 seen = [*previous.engine_ids[0].tolist(), *previous.engine_ids[1].tolist()]
                 self._record("history_rerender", call.row["call_id"], seen, rendered[: len(seen)])
             previous = call
+
+    def _render_prompt(self, call: Call, enable_thinking: bool) -> list[int] | None:
+        """The call's input as the template renders it for generation; with images, each image expanded into
+        its pads (None when images cannot be counted: no VL tokenizer, or no size recorded)."""
+        chat = to_chat_messages(call.input, arguments="json")
+        images = image_parts(call.input)
+        if images and (self.pads is None or not all(p.width and p.height for p in images)):
+            return None
+        if images:
+            chat = verl_content(chat)
+        rendered = self.renderer.ids(chat, chat_tools(call.tools) or None, True, enable_thinking)
+        if not images:
+            return rendered
+        return SampleImages(self.pads, tuple(self.pads.count(p.width, p.height) for p in images)).expand(rendered)
 
     def note_tokens(self, ts: TokenSample) -> None:
         if ts.template_consistent is not None and self.renderer is not None:

@@ -131,7 +131,7 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, p
          dataset_manifest: dict) -> dict:
     counts: Counter = Counter()
     dropped: Counter = Counter()
-    drift = DriftReport(renderer, opts.drift)
+    drift = DriftReport(renderer, opts.drift, pads)
     writers = _Writers(output, opts.target, opts.shard_bytes, counts)
     seen = SeenSet(output.path("dedupe.sqlite")) if opts.dedupe else None
     progress = _progress(opts.progress)

@@ -8,21 +8,11 @@ gateway parses the request with the recorder's own codec (Anthropic
 Messages, OpenAI Responses, Chat Completions, Gemini), renders the conversation with
 the tokenizer's chat template (`forgerl.schema.chat`), asks the policy for a
 completion of exactly those token ids, parses the generated text into
-reasoning / text / tool calls (`forgerl.schema.toolcalls`, in the format the
-template writes or `--tool-format` names), and has the same codec write that
-`Answer` in the harness's API. The token ids and logprobs ride back in the
-answer (`policy_tokens`), so the recorded call holds them; the recorder tags
-the call with the policy version itself.
-
-Streaming. When the harness asks for a stream, the gateway asks the policy for
-one too (`Policy.stream`; a policy that cannot stream answers in one delta)
-and forwards each delta at once: its ids are detokenized (`detokenize`),
-parsed (`TurnParser`) and written by the codec's `StreamWriter` (reasoning
-and text as deltas, each tool call as one whole block when it closes). The
-stream's head (message start, response created) goes out before the first
-token. A policy error mid-stream is written as the API's error event, which
-the recorder stores as the call's error. The recorded completion ids are the
-concatenated deltas' ids, their logprobs the deltas' logprobs.
+reasoning / text / tool calls (`forgerl.schema.toolcalls`), and has the same
+codec write that `Answer` in the harness's API (`render_response`, or
+`render_stream` when asked to stream). The token ids and logprobs ride back
+in the answer (`policy_tokens`), so the recorded call holds them; the
+recorder tags the call with the policy version itself.
 
 Token continuity: harnesses resend the whole history each call. When a
 request's messages continue an earlier answer (its input + its output +
@@ -47,7 +37,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -202,6 +191,10 @@ class PolicyGateway:
         if codec not in (ANTHROPIC, RESPONSES, CHAT, GEMINI):
             return _error(404, f"serve mode does not answer {request.path}")
         exchange = parse_call(codec, request.path, body)
+        from . import serve_vl  # image-bearing calls go to the policy's chat endpoint (its module says why)
+
+        if serve_vl.has_images(exchange):
+            return await serve_vl.answer(self, request, codec, exchange, body)
         turn = await self._turn(exchange, "toolu_" if codec is ANTHROPIC else "call_")
         if _streamed(codec, request.path, body):
             return await self._stream(request, turn, codec.stream_writer(turn.head, body))
@@ -219,10 +212,9 @@ class PolicyGateway:
                                                **turn.prompt.headers()})
         await response.prepare(request)
         await _send(response, writer.start())
-        try:  # closing the policy's stream when the harness goes away stops the generation
-            async with aclosing(deltas(self.policy, turn.prompt.ids, turn.sampling)) as generated:
-                async for delta in generated:
-                    await _send(response, turn.tell(writer, turn.add(delta)))
+        try:
+            async for delta in deltas(self.policy, turn.prompt.ids, turn.sampling):
+                await _send(response, turn.tell(writer, turn.add(delta)))
         except PolicyError as e:
             log.warning("policy failed mid-stream: %s", e)
             await _send(response, writer.fail(str(e)))

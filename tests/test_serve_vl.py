@@ -1,0 +1,135 @@
+"""Serve mode for a VL policy: screenshots go to the policy's vLLM-protocol chat endpoint.
+
+The scripted VL policy plays vLLM's chat server with `return_token_ids`: it renders the messages
+with the Qwen2.5-VL chat template (image_url items become vision tokens), expands each image pad
+as transformers' Qwen2-VL image processor computes for the image it receives (vLLM's path: the HF
+processor on the decoded image), and answers a browser action, then the answer. Claude Code +
+Playwright MCP's shape drives it through `forge-record serve --policy`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from conftest import RecorderProcess, session_calls
+from convert_fixtures import convert, rows
+from gui_sessions import drive_anthropic
+from vl_checks import vl_tokenizer_dir
+
+
+class ScriptedVLPolicy:
+    """/v1/chat/completions like vLLM for a Qwen2.5-VL model: a tool call first, then the answer."""
+
+    def __init__(self, tokenizer_dir: str):
+        from transformers import AutoTokenizer
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.images = Qwen2VLImageProcessorPil.from_pretrained(tokenizer_dir)
+        self.log: list[dict[str, Any]] = []
+        policy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                reply = json.dumps(policy.answer(body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def pads(self, url: str) -> int:
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+        grid = self.images(images=[image], return_tensors="np")["image_grid_thw"][0]
+        return int(grid.prod()) // self.images.merge_size ** 2
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body["messages"]
+        text = self.tokenizer.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
+                                                  add_generation_prompt=True)
+        urls = [item["image_url"]["url"] for m in messages if isinstance(m["content"], list)
+                for item in m["content"] if item["type"] == "image_url"]
+        pieces = text.split("<|image_pad|>")
+        assert len(pieces) == len(urls) + 1
+        text = pieces[0] + "".join("<|image_pad|>" * self.pads(url) + piece for url, piece in zip(urls, pieces[1:]))
+        prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        acted = any(m["role"] == "assistant" for m in messages)
+        out = "The blue mug costs $12." if acted else \
+            '<tool_call>\n{"name": "browser_click", "arguments": {"ref": "e1"}}\n</tool_call>'
+        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids = self.tokenizer.encode(out, add_special_tokens=False) + [eos]
+        self.log.append({"prompt_token_ids": prompt_ids, "token_ids": ids, "images": len(urls), "body": body})
+        return {"id": "chatcmpl-vl", "object": "chat.completion", "model": body["model"],
+                "prompt_token_ids": prompt_ids,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": out}, "token_ids": ids,
+                             "finish_reason": "stop",
+                             "logprobs": {"content": [{"token": str(i), "logprob": -0.5} for i in ids]}}]}
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    base = tmp_path_factory.mktemp("serve-vl")
+    vl_dir = vl_tokenizer_dir(base / "qwen2_5_vl")
+    policy = ScriptedVLPolicy(str(vl_dir))
+    root = base / "data"
+    rec = RecorderProcess(root, None, "--policy", policy.url, "--tokenizer", str(vl_dir), "--served-model", "qwen-vl",
+                          "--tool-format", "hermes").start()
+    try:
+        drive_anthropic(rec.base("vl"), 3)
+        calls = session_calls(root, "vl", 2)
+    finally:
+        rec.stop()
+        policy.stop()
+    return root, vl_dir, policy.log, calls
+
+
+def test_image_prompts_go_to_the_chat_endpoint_and_their_ids_are_recorded(served):
+    _, _, log, calls = served
+    assert [entry["images"] for entry in log] == [1, 2]  # the second call resends the first screenshot
+    first_body = log[0]["body"]
+    assert first_body["return_token_ids"] is True and first_body["model"] == "qwen-vl"
+    assert [c["error"] for c in calls] == [None, None]
+    for call, entry in zip(calls, log):
+        assert call["prompt_token_ids"] == entry["prompt_token_ids"]
+        assert call["completion_token_ids"] == entry["token_ids"]
+        assert call["completion_logprobs"] == [-0.5] * len(entry["token_ids"])
+    pad = json.loads(open(served[1] / "tokenizer.json").read())["added_tokens"]
+    pad_id = next(t["id"] for t in pad if t["content"] == "<|image_pad|>")
+    assert calls[0]["prompt_token_ids"].count(pad_id) == 322  # 640x400 -> 392x644 -> 28x46 patches / 4
+    assert json.loads(calls[0]["response"])["content"][0]["name"] == "browser_click"  # the parsed tool call
+
+
+def test_tokens_rows_keep_the_engine_ids_and_the_drift_report_checks_image_prompts(served, tmp_path):
+    root, vl_dir, log, calls = served
+    manifest = convert(root, tmp_path / "t", "--to", "tokens", "--tokenizer", str(vl_dir), "--drift", "all")
+    # Qwen2.5-VL's template drops an assistant turn's tool calls from history, so the engine's second
+    # prompt does not extend the first answer's ids: the gateway claims no continuation, two segments
+    assert [c["segment_index"] for c in calls] == [0, 1]
+    by_call = {r["call_ids"][0]: r for r in rows(tmp_path / "t")}
+    for call, entry in zip(calls, log):
+        row = by_call[call["call_id"]]
+        assert not row["retokenized"] and row["input_ids"] == entry["prompt_token_ids"] + entry["token_ids"]
+    # each recorded input re-rendered with its images expanded as veRL counts them equals the engine's prompt
+    report = manifest["drift"]["prompt_rerender"]
+    assert (report["checked"], report["differ"]) == (2, 0)
