@@ -92,8 +92,9 @@ CHECK_COMMANDS: dict[str, str] = {
 # A shell command (not a check, not apply_patch) writes a file when it redirects output into one (`> F`, `>> F`,
 # `cat > F <<EOF`) or tees into one: each pattern's group 1 is the file. Devices (`/dev/null`) are not files.
 # mini-swe-agent and the harnesses' shell tools write this way; such a call stays a `shell` call and counts as a
-# write for self-verification. Quoted `>` inside a string also matches (a known over-count).
-SHELL_WRITES: tuple[str, ...] = (r"(?:^|[^0-9&>])>>?\s*([^\s&|;<>()'\"]+)",
+# write for self-verification. A `>` inside a quoted string also matches (a known over-count; a bare number such
+# as the 5 of `x > 5` is not taken for a file).
+SHELL_WRITES: tuple[str, ...] = (r"(?:^|[^0-9&>])>>?\s*([^\s&|;<>()'\"=][^\s&|;<>()'\"]*)",
                                  r"(?:^|[;&|]\s*)tee\s+(?:-a\s+)?([^\s&|;<>()'\"-][^\s&|;<>()'\"]*)")
 
 # A tool result failed when the harness flagged it (`is_error`), reported a non-zero exit code (mini-swe-agent

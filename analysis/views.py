@@ -48,6 +48,11 @@ def _snapshot_statuses() -> str:
     return f"CASE {whens} END"
 
 
+def _shell_write_targets() -> str:
+    """The file each `kinds.SHELL_WRITES` pattern finds in `command_line` (NULL where it finds none)."""
+    return ", ".join(f"nullif(regexp_extract(command_line, {_lit(p)}, 1), '')" for p in kinds.SHELL_WRITES)
+
+
 def _update_target() -> str:
     """The item a plan update names (kinds.PLAN_UPDATE), NULL for updates of the latest item."""
     whens = " ".join(f"WHEN tool_name = {_lit(t)} THEN json_extract_string(try(arguments::JSON), {_lit(path)})"
@@ -148,8 +153,8 @@ checked AS (
   FROM kinded),
 written AS (  -- a shell command that is not a check and redirects or tees into a file writes it (kinds.SHELL_WRITES)
   SELECT *, CASE WHEN declared_kind = 'shell' AND program <> 'apply_patch' AND check_kind IS NULL
-                 THEN list_filter([{", ".join(f"nullif(regexp_extract(command_line, {_lit(p)}, 1), '')" for p in kinds.SHELL_WRITES)}],
-                                  lambda f: f IS NOT NULL AND NOT starts_with(f, '/dev/'))[1] END AS shell_write
+                 THEN list_filter([{_shell_write_targets()}], lambda f: f IS NOT NULL AND NOT starts_with(f, '/dev/')
+                                  AND NOT regexp_matches(f, '^[0-9.]+$'))[1] END AS shell_write
   FROM checked)
 SELECT session_id, call_id, turn, pos, turn * 100000 + pos AS step, tool_call_id,
        regexp_replace(tool_call_id, {_lit(kinds.CALL_ID_DROP)}, '', 'g') AS call_key, tool_name, via,
