@@ -190,18 +190,11 @@ def test_report_html_shows_what_changed(versions, tmp_path, capsys):
 @pytest.mark.slow
 def test_what_changed_renders_in_headless_chromium(versions, tmp_path):
     """The section's table and learning-curve panels draw in a real browser, with no console errors."""
-    import asyncio
-
-    from test_analysis_report import _chromium, _render
+    from test_analysis_report import render
 
     page = tmp_path / "r.html"
     assert analyze("report", str(versions), "--out", str(page)).returncode == 0
-    proc, ws_url = _chromium(tmp_path / "profile")
-    try:
-        problems, plots = asyncio.run(_render(ws_url, page, tmp_path / "r.png"))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    problems, plots = render(page, tmp_path / "r.png")
     assert problems == []
     assert [p["id"] for p in plots] == ["metric-bars", "pass-curves", "tool-kinds", "learning-curves"]
     curves = plots[-1]

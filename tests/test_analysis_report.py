@@ -103,17 +103,22 @@ async def _render(ws_url: str, page: Path, shot: Path) -> tuple[list[str], list[
         return dt.problems(), boxes["result"]["value"]
 
 
+def render(page: Path, shot: Path) -> tuple[list[str], list[dict]]:
+    """Open `page` in a fresh headless Chromium, screenshot it to `shot`: console problems and each plot's box."""
+    proc, ws_url = _chromium(shot.parent / f"{shot.stem}-profile")
+    try:
+        return asyncio.run(_render(ws_url, page, shot))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_report_renders_in_headless_chromium(tmp_path):
     page = tmp_path / "report.html"
     r = subprocess.run([FORGE_ANALYZE, "report", str(EXAMPLE), "--out", str(page)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    proc, ws_url = _chromium(tmp_path / "profile")
-    try:
-        problems, plots = asyncio.run(_render(ws_url, page, tmp_path / "report.png"))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    problems, plots = render(page, tmp_path / "report.png")
     assert problems == []
     assert [p["id"] for p in plots] == ["metric-bars", "pass-curves", "tool-kinds"]
     for p in plots:
