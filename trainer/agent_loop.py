@@ -5,9 +5,9 @@ loop answers the harness from veRL's rollout servers (`server_manager.generate`,
 token-in / token-out); a recorder in serve mode sits in front of it and
 records every call with its token ids and logprobs; a forgerl `LocalRunner`
 prepares the task's workspace, runs the harness against the recorder, and
-grades it. The recorded calls become the sample (`trajectory.py`): prompt ids,
-response ids, response mask (model tokens 1, tool/user tokens 0), logprobs,
-and the task's reward.
+grades it. The recorded calls become the samples (`trajectory.py`): prompt
+ids, response ids, response mask (model tokens 1, tool/user tokens 0),
+logprobs, and the task's reward.
 
 - An infrastructure failure (runner `infra_error`, which includes a rollout
   with no recorded call) comes back fully masked (response mask 0: it trains
@@ -20,9 +20,10 @@ and the task's reward.
   with the dataset.
 - Task failures and agent timeouts keep their graded reward.
 - What is returned follows the PPO config's `forgerl.rows` (`segment_rl.Expansion`):
-  `last` (default) the segment holding the rollout's last call; `thread` every
-  segment, `per_call` every call, last one last, for `segment_manager.py`'s
-  workers to weigh (veRL's V1 trainer stores each output as a row).
+  `thread` (what `forge-train rl` writes by default) every segment, `per_call`
+  every call, last one last, for `segment_manager.py`'s workers to weigh
+  (veRL's V1 trainer stores each output as a row); `last` (with no `forgerl`
+  section) the segment holding the rollout's last call alone.
 - A sample longer than `rollout.prompt_length` / `response_length` is never
   truncated silently: it comes back fully masked and counted
   (`forge_overlong`), with a warning; `forge-train rl` sizes both lengths from
