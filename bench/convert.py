@@ -209,10 +209,15 @@ def run_verl(sft: Path, ids_out: Path) -> dict:
     from forgerl.trainer.sft_dataset import ForgeSFTDataset
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    return _verl_items(sft, ids_out, lambda files: ForgeSFTDataset(files, tok, {
+        "pad_mode": "no_padding", "max_length": 1 << 20, "ignore_input_ids_mismatch": True}))
+
+
+def _verl_items(sft: Path, ids_out: Path, dataset) -> dict:
+    """Build veRL's dataset over the verl-sft shards and read every item, timed; ids and masks to `ids_out`."""
     files = sorted(str(p) for p in sft.glob("train/*.parquet"))
     t = time.perf_counter()
-    ds = ForgeSFTDataset(files, tok, {"pad_mode": "no_padding", "max_length": 1 << 20,
-                                      "ignore_input_ids_mismatch": True})
+    ds = dataset(files)
     items = [ds[i] for i in range(len(ds))]
     seconds = time.perf_counter() - t
     ids = {sid: [it["input_ids"].tolist(), it["loss_mask"].tolist()]
@@ -249,16 +254,7 @@ def run_verl_vl(sft: Path, ids_out: Path, vl_dir: str) -> dict:
     from vl_verl_load import vl_dataset, vl_processor
 
     tokenizer, processor, keep = vl_processor(str(VL_SITE), vl_dir)  # noqa: F841 - keep: the ops' library
-    files = sorted(str(p) for p in sft.glob("train/*.parquet"))
-    t = time.perf_counter()
-    ds = vl_dataset(files, tokenizer, processor)
-    items = [ds[i] for i in range(len(ds))]
-    seconds = time.perf_counter() - t
-    ids = {sid: [it["input_ids"].tolist(), it["loss_mask"].tolist()]
-           for sid, it in zip(ds.dataframe["sample_id"].tolist(), items)}
-    ids_out.write_text(json.dumps(ids))
-    return {"seconds": seconds, "samples": len(items), "tokens": sum(len(v[0]) for v in ids.values()),
-            "rss_mb": _rss_mb()}
+    return _verl_items(sft, ids_out, lambda files: vl_dataset(files, tokenizer, processor))
 
 
 def run_raw(texts_file: Path) -> dict:

@@ -12,46 +12,27 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from conftest import RecorderProcess, session_calls
-from convert_fixtures import convert, rows
+from convert_fixtures import QwenChatUpstream, convert, rows
 from gui_sessions import drive_anthropic
 from vl_checks import vl_tokenizer_dir
 
 
-class ScriptedVLPolicy:
+class ScriptedVLPolicy(QwenChatUpstream):
     """/v1/chat/completions like vLLM for a Qwen2.5-VL model: a tool call first, then the answer."""
 
     def __init__(self, tokenizer_dir: str):
         from transformers import AutoTokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        super().__init__(None, AutoTokenizer.from_pretrained(tokenizer_dir))  # its server, this answer()
         self.images = Qwen2VLImageProcessorPil.from_pretrained(tokenizer_dir)
         self.log: list[dict[str, Any]] = []
-        policy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                reply = json.dumps(policy.answer(body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.start()
 
     def pads(self, url: str) -> int:
         from PIL import Image
@@ -73,18 +54,13 @@ class ScriptedVLPolicy:
         acted = any(m["role"] == "assistant" for m in messages)
         out = "The blue mug costs $12." if acted else \
             '<tool_call>\n{"name": "browser_click", "arguments": {"ref": "e1"}}\n</tool_call>'
-        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = self.tokenizer.encode(out, add_special_tokens=False) + [eos]
+        ids = self.tokenizer.encode(out, add_special_tokens=False) + [self.eos]
         self.log.append({"prompt_token_ids": prompt_ids, "token_ids": ids, "images": len(urls), "body": body})
         return {"id": "chatcmpl-vl", "object": "chat.completion", "model": body["model"],
                 "prompt_token_ids": prompt_ids,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": out}, "token_ids": ids,
                              "finish_reason": "stop",
                              "logprobs": {"content": [{"token": str(i), "logprob": -0.5} for i in ids]}}]}
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")
