@@ -154,7 +154,8 @@ TABLES: dict[str, pa.Schema] = {
 COLUMN_DOCS: dict[str, str] = {
     "messages.direction": "output if the part was first seen in a model response, else input",
     "messages.part": "the whole Part as canonical JSON (forgerl.schema.messages.Part.from_dict)",
-    "calls.request_raw": "request body, secrets redacted, zstd-compressed",
+    "calls.request_raw": "request body, secrets redacted, zstd-compressed; each image's base64 replaced by "
+                         "forgerl-blob:sha256:<hex> (its blob; forgerl.recorder.images.restore_request puts it back)",
     "calls.response_raw": "response bytes as received (raw SSE when streamed), redacted, zstd",
     "calls.response": "reassembled response body as JSON (what a non-streaming call returns)",
     "calls.input_tokens": "uncached input tokens; total input = input + cache_read + cache_write",
