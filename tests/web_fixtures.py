@@ -22,7 +22,7 @@ from typing import Iterator
 
 from forgerl.recorder.proxy import free_port
 from forgerl.runners.grading import GradeInput
-from forgerl.runners.kinds.web import HEALTH_PATH, STATE_PATH, WebApp, WebTask
+from forgerl.runners.kinds.web import HEALTH_PATH, STATE_PATH, WebApp, WebTask, load_apps
 
 from conftest import REPO
 
@@ -136,6 +136,10 @@ def run_solution(task: WebTask, steps: list, answer: str, workspace: Path) -> di
     with served(app) as url:
         act(url, steps)
         return grade_states(task, {app.name: app_state(url)}, answer, workspace)
+
+
+def load_app(name: str) -> WebApp:
+    return load_apps(WEB_BENCH)[name]
 
 
 def with_checks(task: WebTask, *checks: dict) -> WebTask:
