@@ -26,6 +26,18 @@ honoured) with /app, /tests and /logs/verifier of each rollout's own (mount
 namespace); Kubernetes pods run in the task's image
 (runners/README.md#harbor-tasks).
 
+A web benchmark (a folder with apps.toml and tasks/*.toml, like
+benchmarks/web) serves each task's web apps inside the rollout's own
+network namespace on their fixed ports and grades the final answer, the
+apps' final state and the trajectory (runners/kinds/web.py). Its browser:
+--harness browser-use runs browser-use (.venv-browser, make test) driving
+the Debian Chromium (/usr/bin/chromium) over CDP, headless, a screenshot in
+every step, through Chat Completions at the recorder, its telemetry off;
+--harness claude-code (or any harness with an MCP client) gets the task's
+MCP server `playwright`: @playwright/mcp (package.json) on the same
+Chromium, headless, --caps vision, so browser_take_screenshot answers with
+an image tool result.
+
 Finished rollouts (same task, attempt, harness and policy version) are
 skipped, so an interrupted run resumes. The final tables give pass@k /
 pass^k per task, then the per-task pass rates (solved never, sometimes,
