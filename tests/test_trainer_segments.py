@@ -8,7 +8,8 @@
   loop's rows are exactly what `forge-convert --to tokens` cuts (thread and
   per-call), and the manager's worker stores rows that veRL's own
   `compute_advantage_for_multi_trajectories` and policy loss turn into the
-  advantages and loss of `segment_rl.py`.
+  advantages and loss of `segment_rl.py`; veRL's own padding row, built from
+  a stored row, adds nothing to that loss and gets zero gradient.
 """
 
 from __future__ import annotations
@@ -324,6 +325,24 @@ def test_manager_rows_go_through_verls_grpo_and_loss(served, verl_v1, monkeypatc
                                                            rollout_is_weights=weights)
     assert policy_loss(new, old, response_view, mask, weights, loss_agg_mode="seq-mean-token-mean").item() == \
         pytest.approx(their_loss.item(), rel=1e-6)
+
+    # veRL's own padding row, built from a stored row as its trainer does: fully masked, no gradient
+    from verl.trainer.ppo.padding_utils import construct_minimal_padding_template
+
+    pad, tag = construct_minimal_padding_template(fields[0], store.rows[keys[0]][1], eos_token_id=0)
+    assert tag["is_padding"] and pad["response_mask"].sum() == 0 and pad["rm_scores"].sum() == 0
+
+    def grow(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        row = torch.nn.functional.pad(value.float(), (0, t.shape[1] - len(value)))
+        return torch.cat([t, row[None]])
+
+    log_prob = grow(new, torch.zeros(1)).requires_grad_()
+    with_pad = core_algos.compute_policy_loss_vanilla(
+        grow(old, pad["rollout_log_probs"]), log_prob, grow(theirs, torch.zeros(1)), grow(mask, pad["response_mask"]),
+        "seq-mean-token-mean", actor, rollout_is_weights=grow(weights, pad["rollout_is_weights"]))[0]
+    with_pad.backward()
+    assert with_pad.item() == pytest.approx(their_loss.item(), rel=1e-6)
+    assert torch.count_nonzero(log_prob.grad[-1]) == 0 and torch.count_nonzero(log_prob.grad[:-1]) > 0
 
 
 @pytest.mark.slow
