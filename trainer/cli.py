@@ -1,11 +1,13 @@
 """`forge-train`: launch veRL on recorded data.
 
     forge-train sft --data SHARDS --model PATH [--out DIR] [--dry-run]
-    forge-train rl --tasks PATH --harness NAME --model PATH (--lengths-from TOKENS | --prompt-length N --response-length N) [--dry-run]
+    forge-train rl --tasks PATH --harness NAME --model PATH (--lengths-from TOKENS | --prompt-length N --response-length N)
+                   [--rows thread|per_call|last] [--segment-reward copy|discount] [--weighting rollout|segment] [--dry-run]
 
 `sft` trains on `forge-convert --to verl-sft` shards with veRL's SFT trainer
 (torchrun); `rl` runs veRL PPO/GRPO whose rollouts are real harness runs
-answered by the policy through `forge-record`'s serve mode. Both write the
+answered by the policy through `forge-record`'s serve mode, every segment of
+each rollout a training row (`trainer/segment_manager.py`). Both write the
 complete veRL config they launch with; `--dry-run` prints it and the command.
 """
 
