@@ -1,10 +1,10 @@
 """GUI agents' behaviour: browser actions by kind, steps per task, invalid actions, screenshots.
 
 The action vocabulary of the screen-seeing harnesses lives here, one table like `kinds.TOOL_KINDS`:
-Playwright MCP's tools (what Claude Code calls, `browser_click`, ...) and browser-use's actions (what
-its model lists in an `AgentOutput` call, `{"action": [{"click_element_by_index": {...}}]}`, older and
-newer names). A model turn that answers in text without calling anything is an `answer`, as is
-browser-use's `done`. The views are registered by `views.register` with the others;
+Playwright MCP's tools (what Claude Code calls, `browser_click`, ...) and browser-use's actions
+(what its model lists, `{"action": [{"click_element_by_index": {...}}]}`, in its answer's JSON
+text or in an `AgentOutput` tool call; older and newer names). A model turn that answers in text
+without calling anything is an `answer`, as is browser-use's `done`. The views are registered by `views.register` with the others;
 `screenshot_strip` is the HTML report's strip of one session's screenshots.
 """
 
@@ -51,17 +51,24 @@ WITH listed AS (  -- browser-use: the actions inside one AgentOutput call, in or
   SELECT session_id, call_id, turn, step, tool_call_id, tool_name AS via,
          unnest(json_extract(try(arguments::JSON), '$.action[*]')) AS item
   FROM tool_calls WHERE tool_name IN (SELECT name FROM gui_action_lists)),
+said AS (  -- the text parts of each turn's output, with the action list when the text is browser-use's JSON
+  SELECT t.session_id, t.call_id, t.turn, m.text,
+         CASE WHEN starts_with(ltrim(m.text), '{') THEN json_extract(try(m.text::JSON), '$.action[*]') END AS items
+  FROM turns t JOIN messages m ON m.session_id = t.session_id AND list_contains(t.output_refs, m.part_hash)
+  WHERE m.part_type = 'text' AND coalesce(m.text, '') <> ''),
 direct AS (
   SELECT session_id, call_id, turn, step, tool_call_id, tool_name AS action, NULL AS via FROM tool_calls
   WHERE tool_name NOT IN (SELECT name FROM gui_action_lists)
   UNION ALL
-  SELECT session_id, call_id, turn, step, tool_call_id, json_keys(item)[1] AS action, via FROM listed),
-answered AS (  -- a turn with output text and no tool call answers
-  SELECT t.session_id, t.call_id, t.turn, t.turn * 100000 AS step, NULL AS tool_call_id, 'answer' AS action,
-         NULL AS via
-  FROM turns t JOIN messages m ON m.session_id = t.session_id AND list_contains(t.output_refs, m.part_hash)
-  WHERE m.part_type = 'text' AND coalesce(m.text, '') <> ''
-    AND NOT EXISTS (SELECT 1 FROM tool_calls c WHERE c.call_id = t.call_id)
+  SELECT session_id, call_id, turn, step, tool_call_id, json_keys(item)[1] AS action, via FROM listed
+  UNION ALL  -- browser-use with structured output: the actions listed in the answer's JSON text
+  SELECT session_id, call_id, turn, turn * 100000 + n AS step, NULL AS tool_call_id,
+         json_keys(items[n])[1] AS action, 'text' AS via
+  FROM (SELECT *, unnest(range(1, len(items) + 1)) AS n FROM said WHERE len(items) > 0)),
+answered AS (  -- a turn with output text (not an action list) and no tool call answers
+  SELECT session_id, call_id, turn, turn * 100000 AS step, NULL AS tool_call_id, 'answer' AS action, NULL AS via
+  FROM said WHERE coalesce(len(items), 0) = 0
+    AND NOT EXISTS (SELECT 1 FROM tool_calls c WHERE c.call_id = said.call_id)
   GROUP BY ALL)
 SELECT a.session_id, a.call_id, a.turn, a.step, a.tool_call_id, a.action, a.via,
        CASE WHEN a.action = 'answer' THEN 'answer' ELSE coalesce(k.kind, 'other') END AS kind,

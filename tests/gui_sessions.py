@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from typing import Any
 
 ACTIONS = ("browser_navigate", "browser_click", "browser_type", "browser_mouse_wheel", "browser_take_screenshot")
@@ -44,9 +45,10 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def gui_script(steps: int, browser_use: bool = False):
+def gui_script(steps: int, browser_use: bool = False, structured: bool = False):
     """The upstream: one browser action per call until `steps` calls, then the answer; `browser_use`: each
-    as browser-use's model gives it, an AgentOutput call listing the action (`done` with the answer)."""
+    as browser-use's model gives it, an AgentOutput call listing the action (`done` with the answer), or
+    with `structured` the same JSON object as the answer's text (structured output)."""
     from scripted_upstream import ToolCall, Turn
 
     def script(request) -> Turn:
@@ -56,7 +58,8 @@ def gui_script(steps: int, browser_use: bool = False):
             last = done + 1 >= steps
             action = {"done": {"text": "The blue mug costs $12.", "success": True}} if last else \
                 {BROWSER_USE_ACTIONS[done % len(BROWSER_USE_ACTIONS)]: {"index": done}}
-            return Turn(tool_calls=[ToolCall("AgentOutput", {"thinking": f"step {done}", "action": [action]})])
+            listed = {"thinking": f"step {done}", "action": [action]}
+            return Turn(text=json.dumps(listed)) if structured else Turn(tool_calls=[ToolCall("AgentOutput", listed)])
         if done + 1 >= steps:
             return Turn(text="The blue mug costs $12.")
         name = ACTIONS[done % len(ACTIONS)]
@@ -100,6 +103,15 @@ def drive_anthropic(base_url: str, steps: int, size: tuple[int, int] = (640, 400
     return sent
 
 
+def _acts(text: str | None) -> bool:
+    """Whether an answer's text is browser-use's JSON listing an action other than `done`."""
+    try:
+        listed = json.loads(text or "")
+    except ValueError:
+        return False
+    return isinstance(listed, dict) and any("done" not in action for action in listed.get("action") or [])
+
+
 def drive_chat(base_url: str, steps: int, size: tuple[int, int] = (640, 400)) -> int:
     """browser-use's shape on an OpenAI-compatible API: each step's user turn holds the new screenshot as a
     data URL. Returns the request bytes sent."""
@@ -123,7 +135,8 @@ def drive_chat(base_url: str, steps: int, size: tuple[int, int] = (640, 400)) ->
                                    "function": {"name": c.function.name, "arguments": c.function.arguments}}
                                   for c in message.tool_calls]
         messages.append(back)
-        if not message.tool_calls:
+        if message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "ok"})
+        elif not _acts(message.content):
             break
-        messages.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "ok"})
     return sent
