@@ -4,8 +4,8 @@ The action vocabulary of the screen-seeing harnesses lives here, one table like 
 Playwright MCP's tools (what Claude Code calls, `browser_click`, ...) and browser-use's actions
 (what its model lists, `{"action": [{"click_element_by_index": {...}}]}`, in its answer's JSON
 text or in an `AgentOutput` tool call; older and newer names). A model turn that answers in text
-without calling anything is an `answer`, as is browser-use's `done`. The views are registered by `views.register` with the others;
-`screenshot_strip` is the HTML report's strip of one session's screenshots.
+without calling anything is an `answer`, as is browser-use's `done`. The views are registered by
+`views.register` with the others; `screenshot_strip` is the HTML report's strip of one session's screenshots.
 """
 
 from __future__ import annotations
