@@ -65,6 +65,8 @@ def classify(engine: str, rendered: str) -> tuple[str, int]:
         e_end, r_end = engine.find("</tool_call>", at), rendered.find("</tool_call>", at)
         if e_end > 0 and r_end > 0 and _SPACE.sub("", engine[open_at:e_end]) == _SPACE.sub("", rendered[open_at:r_end]):
             return "tool_call_json_spacing", at
+    if "<|image_pad|>" in near or "<|vision_end|>" in near:  # an image's pad count: the engine's processor resized it
+        return "image_tokens", at                                # otherwise than veRL's path counts it
     rest_e, rest_r = engine[at: at + 2], rendered[at: at + 2]
     if "<|im" in near[_WINDOW - 5: _WINDOW + 12] or (rest_e[:1].isspace() or rest_r[:1].isspace()):
         return "turn_separator", at

@@ -109,3 +109,17 @@ def test_tokens_rows_keep_the_engine_ids_and_the_drift_report_checks_image_promp
     # each recorded input re-rendered with its images expanded as veRL counts them equals the engine's prompt
     report = manifest["drift"]["prompt_rerender"]
     assert (report["checked"], report["differ"]) == (2, 0)
+
+
+def test_the_drift_report_says_where_image_tokens_differ(served, tmp_path):
+    """Re-rendered with an image processor that resizes otherwise (a lower max_pixels than the engine's),
+    each image prompt differs from the engine's ids, and the report says it is the image tokens."""
+    root, vl_dir, _, _ = served
+    other = vl_tokenizer_dir(tmp_path / "small-images")
+    config = json.loads((other / "preprocessor_config.json").read_text())
+    config["size"]["longest_edge"] = 100_000  # 640x400 screenshots now shrink: fewer pads than the engine used
+    (other / "preprocessor_config.json").write_text(json.dumps(config))
+    report = convert(root, tmp_path / "t", "--to", "tokens", "--tokenizer", str(other), "--drift", "all")["drift"]
+    assert (report["prompt_rerender"]["differ"], report["prompt_rerender"]["where"]) == (2, {"image_tokens": 2})
+    example = report["examples"][0]
+    assert example["kind"] == "image_tokens" and "<|image_pad|>" in example["engine"]
