@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from forgerl.schema.messages import Message
 
 from .forkserver import ForkError, fork_grade
-from .transcript import openclaw_events, rollout_messages
+from .transcript import openclaw_events, recorded_turns, rollout_messages
 from .verifier import Verdict
 
 if TYPE_CHECKING:
@@ -73,6 +73,12 @@ class GradeInput:
     def transcript(self) -> list[dict]:
         """The OpenClaw-style transcript QwenClawBench graders read (`transcript.py`)."""
         return openclaw_events(self.messages)
+
+    @cached_property
+    def turns(self) -> list[list[Message]]:
+        """The model's answer in each recorded call, in order (the whole trajectory, also for harnesses whose last
+        call's input does not repeat the earlier steps)."""
+        return recorded_turns(self.dataset, self.session)
 
 
 def run_grade(code: str, transcript: list, workspace: str) -> dict[str, float]:

@@ -70,18 +70,30 @@ def openclaw_events(messages: list[Message]) -> list[dict]:
     return events
 
 
-def last_call(root: str | Path, session: str) -> tuple[dict | None, dict[str, str]]:
-    """The session's last completed model call (with output) and its parts by hash."""
+def completed_calls(root: str | Path, session: str) -> tuple[list[dict], dict[str, str]]:
+    """The session's completed model calls (with output) in order, and their parts by hash."""
     calls = session_rows(root, "calls", session, ["session_id", "api", "path", "complete", "t_start", "seq",
                                                   "input_refs", "input_msg", "input_roles", "input_extra",
                                                   "output_refs", "output_msg", "output_roles", "output_extra"])
-    calls = [c for c in calls.to_pylist() if c["api"] in MODEL_APIS and c["complete"] and c["output_refs"]
-             and "count_tokens" not in (c["path"] or "")]
+    calls = sorted((c for c in calls.to_pylist() if c["api"] in MODEL_APIS and c["complete"] and c["output_refs"]
+                    and "count_tokens" not in (c["path"] or "")), key=lambda c: (c["t_start"], c["seq"]))
     if not calls:
-        return None, {}
-    call = max(calls, key=lambda c: (c["t_start"], c["seq"]))
+        return [], {}
     parts = session_rows(root, "messages", session, ["session_id", "part_hash", "part"])
-    return call, dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
+    return calls, dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
+
+
+def last_call(root: str | Path, session: str) -> tuple[dict | None, dict[str, str]]:
+    """The session's last completed model call (with output) and its parts by hash."""
+    calls, parts = completed_calls(root, session)
+    return (calls[-1], parts) if calls else (None, {})
+
+
+def recorded_turns(root: str | Path, session: str) -> list[list[Message]]:
+    """What the model answered in each completed call, in order. A harness that rebuilds its prompt at every
+    step (browser-use) keeps no earlier answer in its last call's input: only these hold them all."""
+    calls, parts = completed_calls(root, session)
+    return [call_messages(call, parts, "output") for call in calls]
 
 
 def rollout_messages(root: str | Path, session: str) -> list[Message]:

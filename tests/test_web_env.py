@@ -78,10 +78,11 @@ def test_missing_state_or_a_broken_check_is_not_a_zero(tasks, tmp_path):
 def test_trajectory_reaches_the_checks(tasks, tmp_path):
     from forgerl.schema.messages import Message, Part
 
-    said = [Message("assistant", (Part("tool_call", tool_name="browser_click", call_id="c1",
-                                       arguments='{"element": "Cancel booking", "ref": "e12"}'),)),
-            Message("assistant", (Part("text", text='{"memory": "", "action": [{"click": {"index": 4}}, '
-                                                    '{"done": {"text": "Cancelled.", "success": true}}]}'),))]
+    said = [[Message("assistant", (Part("tool_call", tool_name="browser_click", call_id="c1",
+                                        arguments='{"element": "Cancel booking", "ref": "e12"}'),))],
+            [Message("assistant", (Part("text", text='{"memory": "", "action": [{"click": {"index": 4}}, '
+                                                     '{"done": {"text": "Cancelled.", "success": true}}]}'),))],
+            [Message("assistant", (Part("text", text="no action here"),))]]
     task = with_checks(tasks["travel-cancel-trip"],
                        {"name": "clicked", "expect": "[a['name'] for a in actions] == ['browser_click', 'click', 'done']"},
                        {"name": "two turns", "expect": "steps == 2"})

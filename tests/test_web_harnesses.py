@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from forgerl.runners.grading import GradeInput
+from forgerl.runners.kinds.web import browser_actions
 from forgerl.schema.store import read_table
 
 from harness_checks import FORGE_RUN, needs
@@ -43,10 +45,13 @@ def run_web_tasks(harness: str, script, out, *args: str) -> dict[str, dict]:
     return {row["task_id"]: row for row in read_table(out, "outcomes").to_pylist()}
 
 
-def check_graded(rows: dict[str, dict], harness: str, data: Path, work: Path) -> dict[str, int]:
-    """The solved task graded 1.0 (passes), the failed one 0.0; the recording's screenshots are stored once per
-    session, and its VL rows load through veRL with the `tokens` rows' ids: what `check_vl_dataset` counted."""
+def check_graded(rows: dict[str, dict], harness: str, data: Path, work: Path, actions: list[str]) -> dict[str, int]:
+    """The solved task graded 1.0 (passes), the failed one 0.0; the trajectory the checks see holds `actions`;
+    the recording's screenshots are stored once per session, and its VL rows load through veRL with the
+    `tokens` rows' ids: what `check_vl_dataset` counted."""
     solved, failed = rows[SOLVED], rows[FAILED]
+    turns = GradeInput(data, solved["session_id"], data).turns
+    assert [a["name"] for turn in turns for a in browser_actions(turn)] == actions
     assert (solved["harness"], solved["status"], solved["reward"]) == (harness, "success", 1.0), solved
     assert json.loads(solved["extra"])["final_answer"] == ANSWER
     assert (failed["status"], failed["reward"]) == ("failed", 0.0), failed
@@ -98,7 +103,8 @@ def browser_use_script(request: Request) -> Turn:
 
 def test_browser_use(tmp_path):
     rows = run_web_tasks("browser-use", browser_use_script, tmp_path / "data", "--model", "gpt-test")
-    counts = check_graded(rows, "browser-use", tmp_path / "data", tmp_path / "vl")
+    counts = check_graded(rows, "browser-use", tmp_path / "data", tmp_path / "vl",
+                          ["navigate", "input", "click", "click", "done"])
     assert counts["blobs"] >= 5  # a new screenshot in every step's request after the first
 
 
@@ -163,7 +169,9 @@ def claude_script(request: Request) -> Turn:
 def test_claude_code_playwright_mcp(tmp_path):
     needs("claude")
     rows = run_web_tasks("claude-code", claude_script, tmp_path / "data")
-    counts = check_graded(rows, "claude-code", tmp_path / "data", tmp_path / "vl")
+    counts = check_graded(rows, "claude-code", tmp_path / "data", tmp_path / "vl",
+                          [f"{PW}browser_{name}" for name in ("navigate", "snapshot", "click", "type", "snapshot",
+                                                               "take_screenshot", "snapshot")])
     assert counts["blobs"] == 1
     images = {r["part_hash"] for r in read_table(tmp_path / "data", "messages").to_pylist() if '"image"' in r["part"]}
     sent = [c for c in read_table(tmp_path / "data", "calls").to_pylist() if images & set(c["input_refs"])]

@@ -66,11 +66,11 @@ def app_state(url: str) -> dict:
 
 
 def grade_states(task: WebTask, states: dict[str, dict], answer: str | None, workspace: Path,
-                 actions_from: list | None = None) -> dict[str, float]:
+                 actions_from: list[list] | None = None) -> dict[str, float]:
     """`task.score` for apps left in `states` ({app: state}, as the sandbox collects them) and the final answer
     `answer` (no recorded trajectory)."""
     run = GradeInput(workspace, "no-session", workspace, answer, {k: {STATE_PATH: v} for k, v in states.items()})
-    run.__dict__["messages"] = actions_from or []  # what a recording would give; none here
+    run.__dict__["turns"] = actions_from or []  # each model call's answer, as a recording gives them; none here
     return task.score(run)
 
 

@@ -84,14 +84,15 @@ class WebTask(Task):
                    for name, state in states.items() if not isinstance(state, dict) or "error" in state]
         if missing:
             raise GradingError(f"no state was collected from the app(s) {', '.join(missing)}")
+        turns = [browser_actions(output) for output in run.turns]
         payload = {"checks": list(self.checks), "answer": run.final_answer, "state": states,
-                   "actions": browser_actions(run.messages), "steps": sum(m.role == "assistant" for m in run.messages)}
+                   "actions": [action for actions in turns for action in actions], "steps": sum(map(bool, turns))}
         return grade_workspace(self, payload, run.workspace)
 
 
 def browser_actions(messages: list[Message]) -> list[dict]:
-    """The trajectory's actions in order: tool calls (Playwright MCP's `browser_click`, ...) and the items of
-    browser-use's structured answers (`{"action": [{"click": {...}}, ...]}` in the assistant's text)."""
+    """The actions in one model answer, in order: tool calls (Playwright MCP's `browser_click`, ...) and the
+    items of browser-use's structured answers (`{"action": [{"click": {...}}, ...]}` in the assistant's text)."""
     actions: list[dict] = []
     for message in messages:
         if message.role != "assistant":

@@ -7,9 +7,10 @@ where QwenClawBench's `grade()` runs: in a child forked for the grade
 * each app's state by its name (`shop`, `travel`): what its
   `/__forge/state` endpoint returned after the harness exited;
 * `answer`: the harness's final answer ("" when it gave none);
-* `actions`: the recorded trajectory's browser actions in order, each
-  `{"name", "arguments"}` (tool calls, and browser-use's JSON `action` items);
-* `steps`: how many model turns the trajectory holds.
+* `actions`: the recorded trajectory's browser actions in order, from every
+  recorded model call's answer, each `{"name", "arguments"}` (tool calls, and
+  browser-use's JSON `action` items);
+* `steps`: how many model calls acted (answered with at least one action).
 
 Two kinds of check (WebVoyager's answer match and Online-Mind2Web's final-state
 match): `answer_includes = EXPR` scores the share of the values EXPR
