@@ -137,3 +137,42 @@ def test_bad_images_mode_is_one_line(tmp_path):
     done = subprocess.run([FORGE_RECORD, "serve", "--out", str(tmp_path / "d"), "--images", "blur"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--images" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_images_recorded_without_sizes_are_counted_from_their_bytes(gui_data, tmp_path):
+    """Datasets recorded before parts carried sizes: the same rows, each image's size read from its blob."""
+    from dataclasses import replace
+
+    from forgerl.schema.messages import Exchange, Message
+    from forgerl.schema.records import CallRecord, call_messages
+    from forgerl.schema.store import DatasetWriter
+
+    root, _ = gui_data
+    blobs = {b["blob_hash"]: b["data"] for b in _table(root, "blobs", "gui-claude")}
+    parts = {p["part_hash"]: p["part"] for p in _table(root, "messages", "gui-claude")}
+    calls = sorted(_table(root, "calls", "gui-claude"), key=lambda c: c["seq"])
+
+    def unsized(message: Message) -> Message:
+        def strip(part):
+            if part.type == "image":
+                return replace(part, width=None, height=None)
+            return replace(part, content=tuple(map(strip, part.content))) if part.content else part
+        return replace(message, parts=tuple(map(strip, message.parts)))
+
+    old = tmp_path / "old"
+    with DatasetWriter(old) as writer:
+        writer.add_session("gui-claude", harness="anthropic-python")
+        for call in calls:
+            ex = Exchange(input=[unsized(m) for m in call_messages(call, parts)],
+                          output=call_messages(call, parts, "output"), tools=json.loads(call["tools"]),
+                          blobs=blobs)
+            writer.add_call(CallRecord(call_id=call["call_id"], session_id="gui-claude", api=call["api"],
+                                       method="POST", path=call["path"], t_start=call["t_start"], status=200,
+                                       complete=True, exchange=ex, seq=call["seq"]))
+    assert not any("width" in image for p in _table(old, "messages", "gui-claude")
+                   for image in stored_images(json.loads(p["part"])))
+    tokenizer = str(vl_tokenizer_dir(tmp_path / "vl"))
+    convert(root, tmp_path / "new-tok", "--to", "tokens", "--tokenizer", tokenizer, "--harness", "anthropic-python")
+    convert(old, tmp_path / "old-tok", "--to", "tokens", "--tokenizer", tokenizer)
+    (new_row,), (old_row,) = rows(tmp_path / "new-tok"), rows(tmp_path / "old-tok")
+    assert old_row["input_ids"] == new_row["input_ids"] and len(old_row["images"]) == STEPS
