@@ -99,7 +99,8 @@ $(NPM_STAMP): package.json package-lock.json
 demo: $(PY_STAMP)
 	$(BIN)/python examples/demo.py
 
-# Headless Chromium opens the analysis HTML report in the tests (Debian package).
+# Headless Chromium (Debian package): the analysis HTML report is opened in it, and the web tasks'
+# harnesses drive it (browser-use over CDP, Claude Code through @playwright/mcp).
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
