@@ -84,7 +84,8 @@ def test_trajectory_reaches_the_checks(tasks, tmp_path):
                                                      '{"done": {"text": "Cancelled.", "success": true}}]}'),))],
             [Message("assistant", (Part("text", text="no action here"),))]]
     task = with_checks(tasks["travel-cancel-trip"],
-                       {"name": "clicked", "expect": "[a['name'] for a in actions] == ['browser_click', 'click', 'done']"},
+                       {"name": "clicked",
+                        "expect": "[a['name'] for a in actions] == ['browser_click', 'click', 'done']"},
                        {"name": "two turns", "expect": "steps == 2"})
     assert grade_states(task, {"travel": {}}, "x", tmp_path, said) == {"clicked": 1.0, "two turns": 1.0}
 

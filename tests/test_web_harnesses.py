@@ -159,7 +159,8 @@ def claude_script(request: Request) -> Turn:
     if step in (1, 3):
         return Turn(tool_calls=[snapshot])
     if step == 2:
-        return Turn(tool_calls=[ToolCall(f"{PW}browser_click", {"element": "RB4M9T", "target": ref(page, 'link "RB4M9T"')})])
+        return Turn(tool_calls=[ToolCall(f"{PW}browser_click", {"element": "RB4M9T",
+                                                                 "target": ref(page, 'link "RB4M9T"')})])
     if step == 4:
         return Turn(tool_calls=[ToolCall(f"{PW}browser_click", {"element": "Cancel booking",
                                                                  "target": ref(page, 'button "Cancel booking"')})])

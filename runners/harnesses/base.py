@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -98,6 +99,14 @@ class Harness:
             if size > MAX_TRANSCRIPT_BYTES:
                 break
         return "".join(chunks)[:MAX_TRANSCRIPT_BYTES] if chunks else None
+
+
+def last_json_line_field(stdout: str, key: str) -> str | None:
+    """`key` of the JSON object on the last line of `stdout` (a headless run's result line), or None."""
+    try:
+        return json.loads(stdout.strip().splitlines()[-1]).get(key)
+    except (json.JSONDecodeError, IndexError, AttributeError):
+        return None
 
 
 def node_path() -> str:

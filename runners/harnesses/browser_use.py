@@ -16,14 +16,13 @@ the agent history it saves. It has no MCP client: a web task's browser server
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from forgerl.recorder.launch import browser_use_env
 
-from .base import Harness, HarnessError, RunContext, openai_env
+from .base import Harness, HarnessError, RunContext, last_json_line_field, openai_env
 from .browser import CHROMIUM, PLAYWRIGHT_MCP
 
 BROWSER_VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-browser" / "bin" / "python"
@@ -63,10 +62,7 @@ class BrowserUse(Harness):
         return argv, env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
-        try:
-            return json.loads(stdout.strip().splitlines()[-1]).get("result")
-        except (json.JSONDecodeError, IndexError, AttributeError):
-            return None
+        return last_json_line_field(stdout, "result")
 
     def transcript_files(self, ctx: RunContext) -> list[Path]:
         path = self._history(ctx)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from forgerl.recorder.launch import harness_env
 
-from .base import Harness, RunContext, base_env, key_or_placeholder, write_config
+from .base import Harness, RunContext, base_env, key_or_placeholder, last_json_line_field, write_config
 from .mcp import STARTUP_TIMEOUT_S, claude_code_config
 
 
@@ -47,10 +47,7 @@ class ClaudeCode(Harness):
         return [*argv, "--strict-mcp-config", "--mcp-config", str(ctx.home / "mcp.json")], {**env, **blocking}
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
-        try:
-            return json.loads(stdout.strip().splitlines()[-1]).get("result")
-        except (json.JSONDecodeError, IndexError, AttributeError):
-            return None
+        return last_json_line_field(stdout, "result")
 
     def transcript_files(self, ctx: RunContext) -> list[Path]:
         return list((ctx.home / ".claude" / "projects").glob("*/*.jsonl"))

@@ -166,7 +166,8 @@ def build(data: dict) -> App:
         o = next((o for o in state["orders"] if str(o["id"]) == order_id), None)
         if o is None:
             return app.page("Not found", "<p>No such order.</p>", 404)
-        items = "".join(f'<li>{line["qty"]} x {esc(line["name"])} at {money(line["price"])}</li>' for line in o["items"])
+        items = "".join(f'<li>{line["qty"]} x {esc(line["name"])} at {money(line["price"])}</li>'
+                        for line in o["items"])
         return app.page(f"Order #{o['id']}", f'<p class="ok">Status: {o["status"]}</p><p>Date: {o["date"]}</p>'
                                              f'<ul>{items}</ul><p>Shipping: {o["shipping"]} '
                                              f'({money(o["shipping_cost"])})</p><p>Total: {money(o["total"])}</p>'
