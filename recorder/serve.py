@@ -8,11 +8,21 @@ gateway parses the request with the recorder's own codec (Anthropic
 Messages, OpenAI Responses, Chat Completions, Gemini), renders the conversation with
 the tokenizer's chat template (`forgerl.schema.chat`), asks the policy for a
 completion of exactly those token ids, parses the generated text into
-reasoning / text / tool calls (`forgerl.schema.toolcalls`), and has the same
-codec write that `Answer` in the harness's API (`render_response`, or
-`render_stream` when asked to stream). The token ids and logprobs ride back
-in the answer (`policy_tokens`), so the recorded call holds them; the
-recorder tags the call with the policy version itself.
+reasoning / text / tool calls (`forgerl.schema.toolcalls`, in the format the
+template writes or `--tool-format` names), and has the same codec write that
+`Answer` in the harness's API. The token ids and logprobs ride back in the
+answer (`policy_tokens`), so the recorded call holds them; the recorder tags
+the call with the policy version itself.
+
+Streaming. When the harness asks for a stream, the gateway asks the policy for
+one too (`Policy.stream`; a policy that cannot stream answers in one delta)
+and forwards each delta at once: its ids are detokenized (`detokenize`),
+parsed (`TurnParser`) and written by the codec's `StreamWriter` (reasoning
+and text as deltas, each tool call as one whole block when it closes). The
+stream's head (message start, response created) goes out before the first
+token. A policy error mid-stream is written as the API's error event, which
+the recorder stores as the call's error. The recorded completion ids are the
+concatenated deltas' ids, their logprobs the deltas' logprobs.
 
 Token continuity: harnesses resend the whole history each call. When a
 request's messages continue an earlier answer (its input + its output +
@@ -37,6 +47,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -212,9 +223,10 @@ class PolicyGateway:
                                                **turn.prompt.headers()})
         await response.prepare(request)
         await _send(response, writer.start())
-        try:
-            async for delta in deltas(self.policy, turn.prompt.ids, turn.sampling):
-                await _send(response, turn.tell(writer, turn.add(delta)))
+        try:  # closing the policy's stream when the harness goes away stops the generation
+            async with aclosing(deltas(self.policy, turn.prompt.ids, turn.sampling)) as generated:
+                async for delta in generated:
+                    await _send(response, turn.tell(writer, turn.add(delta)))
         except PolicyError as e:
             log.warning("policy failed mid-stream: %s", e)
             await _send(response, writer.fail(str(e)))
