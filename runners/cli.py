@@ -7,7 +7,8 @@ TASKS is a task file (QwenClawBench task_*.md or a forgerl *.toml spec), a
 folder of them, a benchmark folder (tasks/ + assets/), or a task kind's
 layout (runners/kinds/: ClawEval, Harbor, web tasks). The harness CLI is
 taken from PATH, else from the project's pinned installs (node_modules/.bin
-on Node 24, .venv-mini/bin); runners/README.md#harnesses says how each is
+on Node 24, .venv-mini/bin; browser-use from .venv-browser);
+runners/README.md#harnesses says how each is
 configured. --upstream is what it is for `forge-record serve`: the
 origin the recorder forwards to (http://HOST:PORT, no /v1; request paths
 pass through unchanged), speaking the harness's own API. --policy URL instead
@@ -96,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("tasks", metavar="TASKS", help="task file, folder of task files, or benchmark folder")
     p.add_argument("--harness", required=True, choices=sorted(HARNESSES),
                    help="harness CLI to run (found on PATH, else in the project's node_modules/.bin or "
-                        ".venv-mini/bin; each configured as runners/README.md#harnesses says)")
+                        ".venv-mini/bin; browser-use in .venv-browser; each configured as runners/README.md#harnesses "
+                        "says)")
     p.add_argument("--upstream", default="", help="origin the recorder forwards to, http://HOST:PORT (no /v1)")
     p.add_argument("--policy", default="", metavar="URL",
                    help="instead of --upstream: answer the harness from this policy server (vLLM protocol) "
