@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anthropic
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -142,6 +143,8 @@ def test_responses_and_chat_stream(served, policy):
 
 
 def test_policy_error_mid_stream_reaches_the_harness_and_is_recorded(served, policy):
+    """Anthropic's `error` event and Chat's error chunk raise in the SDKs; Responses ends `response.failed`,
+    Gemini with an error chunk."""
     client = anthropic.Anthropic(base_url=served.base("e"), api_key="sk-ant-api03-streamteststreamtest",
                                  max_retries=0)
     seen = []
@@ -156,7 +159,16 @@ def test_policy_error_mid_stream_reaches_the_harness_and_is_recorded(served, pol
     with pytest.raises(openai.APIError, match="engine died"):
         list(chat.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "[[fail]]"}],
                                           stream=True))
-    calls = session_calls(served.out, "e", 2)
+    with chat.responses.stream(model="gpt-x", input="[[fail]]") as stream:
+        failed = [event for event in stream if event.type == "response.failed"]
+    assert failed[0].response.error.message.endswith("engine died")
+    url = served.base("e") + "/v1beta/models/gemini-x:streamGenerateContent?alt=sse"
+    with httpx.stream("POST", url, json={"contents": [{"role": "user", "parts": [{"text": "[[fail]]"}]}]},
+                      headers={"x-goog-api-key": "AIzaSyStreamTestStreamTestStream12345678"}, timeout=30) as r:
+        frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert frames[-1]["error"]["message"].endswith("engine died") and "candidates" in frames[0]
+    calls = session_calls(served.out, "e", 4)
+    assert [c["api"] for c in calls] == ["anthropic", "chat", "responses", "gemini"]
     assert all("engine died" in c["error"] for c in calls) and all(c["streamed"] for c in calls)
 
 
