@@ -41,6 +41,7 @@ from .segment_rl import LOSS_AGG_MODES, Expansion, rollout_rows
 
 log = logging.getLogger(__name__)
 
+
 class SegmentOutput(AgentLoopOutput):
     """A training row: veRL's output plus the row's own reward and loss weight, written into the fields
     veRL stores (`rm_scores` at the last response token, `rollout_is_weights` on every response token).
