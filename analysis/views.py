@@ -235,8 +235,9 @@ FROM u LEFT JOIN (SELECT DISTINCT session_id, prompt FROM prompts WHERE prompt I
 """
 
 # USD at list price of token counts `t` under the matched `prices` row `p`: calls and sessions priced one way.
-_COST_USD = ("(t.input_tokens * p.input + t.output_tokens * p.output + t.cache_read_tokens * p.cache_read"
-             " + t.cache_write_tokens * p.cache_write) / 1e6")
+_COST_USD = ("(coalesce(t.input_tokens, 0) * p.input + coalesce(t.output_tokens, 0) * p.output"
+             " + coalesce(t.cache_read_tokens, 0) * p.cache_read + coalesce(t.cache_write_tokens, 0) * p.cache_write)"
+             " / 1e6")
 
 SESSION_COSTS = f"""
 WITH per_model AS (
@@ -257,14 +258,11 @@ SELECT session_id, sum(calls) AS calls, sum(input_tokens) AS input_tokens, sum(o
 FROM priced WHERE rn = 1 GROUP BY session_id
 """
 
-# Partitioned by session first, so a filter on one session reaches the calls scan (the viewer's call list).
+# Every column of the call with its cost, so one scan serves a reader of both (the viewer's call list);
+# partitioned by session first, so a filter on one session reaches that scan.
 CALL_COSTS = f"""
-SELECT t.session_id, t.call_id, {_COST_USD} AS cost_usd, p.prefix IS NULL AS unpriced
-FROM (SELECT session_id, call_id, coalesce(model_returned, model_requested, '') AS model,
-             coalesce(input_tokens, 0) AS input_tokens, coalesce(output_tokens, 0) AS output_tokens,
-             coalesce(cache_read_tokens, 0) AS cache_read_tokens, coalesce(cache_write_tokens, 0) AS cache_write_tokens
-      FROM calls) t
-LEFT JOIN prices p ON starts_with(t.model, p.prefix)
+SELECT t.*, {_COST_USD} AS cost_usd, p.prefix IS NULL AS unpriced
+FROM calls t LEFT JOIN prices p ON starts_with(coalesce(t.model_returned, t.model_requested, ''), p.prefix)
 QUALIFY row_number() OVER (PARTITION BY t.session_id, t.call_id ORDER BY length(p.prefix) DESC NULLS LAST) = 1
 """
 
@@ -440,7 +438,7 @@ VIEWS: tuple[View, ...] = (
     View("user_turns", "user-role text parts, each marked human or harness-written (with the reason)", USER_TURNS),
     View("session_costs", "tokens per session (cache reads and writes separate) and list-price cost in USD",
          SESSION_COSTS),
-    View("call_costs", "list-price cost in USD of each call (unpriced: no price for its model)", CALL_COSTS),
+    View("call_costs", "every call with its list-price cost in USD (unpriced: no price for its model)", CALL_COSTS),
     View("tool_coverage", "tools offered, used and used/offered per session", TOOL_COVERAGE),
     View("plans", "plan items and the share completed per session (TodoWrite, Task*, update_plan)", PLANS),
     View("session_info", "harness, model, task and policy version of each session", SESSION_INFO),

@@ -62,10 +62,9 @@ CALL_COLUMNS = ("call_id", "seq", "api", "status", "error", "complete", "streame
                 "cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "policy_version", "segment_index",
                 "segment_reason", "parent_segment", "parent_position", "continues_call", "tools_absent")
 _CALLS_SQL = f"""
-SELECT {', '.join('c.' + n for n in CALL_COLUMNS)}, len(c.input_roles) AS input_messages,
-       len(c.output_roles) AS output_messages, k.cost_usd, k.unpriced
-FROM calls c LEFT JOIN call_costs k ON k.session_id = c.session_id AND k.call_id = c.call_id
-WHERE c.session_id = $sid ORDER BY c.t_start, c.seq, c.call_id
+SELECT {', '.join(CALL_COLUMNS)}, len(input_roles) AS input_messages, len(output_roles) AS output_messages,
+       cost_usd, unpriced
+FROM call_costs WHERE session_id = $sid ORDER BY t_start, seq, call_id
 """
 _CALL_DETAIL = ("session_id", "input_refs", "input_msg", "input_roles", "input_extra", "output_refs", "output_msg",
                 "output_roles", "output_extra", "request_params", "tools", "request_headers", "response_headers",
