@@ -203,20 +203,29 @@ def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, re
     dns_fails_fast()
     listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
     forward(listener, unix_connector(spec.bridge_unix))
-    return _with_services(spec, lambda: _confined_run(spec, stdout, stderr, runner, ready))
+    return _with_services(spec, lambda go: _confined_run(spec, stdout, stderr, runner, go), ready)
 
 
-def _with_services(spec: JailSpec, body: Callable[[], int]) -> int:
-    """`body` with the task's services up (`services.ServiceStage`); 127, the harness never started, if one is not."""
+def _with_services(spec: JailSpec, body: Callable[[Callable[[], bool]], int], ready: Callable[[], bool]) -> int:
+    """`body(ready)` with the task's services up (`services.ServiceStage`); 127, the harness never started, if one
+    is not. The harness's clock (`harness_timeout_s`) runs from the runner's go, so an agent past its time is
+    stopped here and the services' state is still read."""
     if not spec.services:
-        return body()
+        return body(ready)
     stage = ServiceStage(spec.services, spec.state_file)
     if not stage.start():
         return 127
+    went: list[float] = []
+
+    def go() -> bool:
+        answer = ready()
+        went.append(time.monotonic())
+        return answer
+
     try:
-        return body()
+        return body(go)
     finally:
-        stage.finish()
+        stage.finish(bool(went) and 0 < spec.harness_timeout_s <= time.monotonic() - went[0])
 
 
 def _confined_run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool]) -> int:

@@ -23,6 +23,7 @@ from .grading import GradeInput, Judge
 from .harnesses import Harness, RunContext
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, grade_session, now, prepare_workspace, verdict_of
 from .sandbox import Sandbox
+from .services import WALL_CLOCK_GRACE_S, service_notes
 
 # What a harness inherits from the runner's environment; nothing else (keys come through RunContext.env).
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "TMPDIR")
@@ -83,22 +84,25 @@ class LocalRunner(BatchRunner):
                 clock = time.monotonic()
                 with self.harness_slot:
                     timings["queued"] = round(time.monotonic() - clock, 4)
-                    result = sandbox.run(layout.wall_clock_s(agent_s) if layout else agent_s)
+                    result = sandbox.run(layout.wall_clock_s(agent_s) if layout
+                                         else agent_s + (WALL_CLOCK_GRACE_S if task.services else 0))
             except OSError as e:
                 raise InfraError(f"sandbox failed to start: {e}") from None
         verdict = verdict_of(layout)
         timings["harness"] = round(result.seconds, 4)
         clock = time.monotonic()
         final_answer = self.harness.final_answer(result.stdout, ctx)
+        state = sandbox.service_state()
         run = GradeInput(self.dataset, session, workspace, final_answer, verdict=verdict,
-                         service_state=sandbox.service_state().get("services", {}), judge=self.judge)
+                         service_state=state.get("services", {}), judge=self.judge)
         scores = grade_session(task, run, self.recorder_url)
         timings["grade"] = round(time.monotonic() - clock, 4)
         extra = {"final_answer": final_answer,
                  "harness_transcript": self.harness.own_transcript(ctx),
                  "returncode": result.returncode, "seconds": round(result.seconds, 3),
                  "enforced": sandbox.enforced, "stderr_tail": result.stderr[-STDERR_TAIL:] or None,
-                 "timings": timings, **(layout.outcome_notes(verdict) if layout else {})}
-        timed_out = verdict.agent_timed_out if verdict else result.timed_out
+                 "timings": timings, **(layout.outcome_notes(verdict) if layout else {}),
+                 **service_notes(state)}
+        timed_out = verdict.agent_timed_out if verdict else result.timed_out or bool(state.get("agent_timed_out"))
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, scores,
                               timed_out, result.returncode, model=self.model, extra=extra)

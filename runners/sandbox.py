@@ -154,7 +154,7 @@ class Sandbox:
             vars(spec).update(layout.jail_fields())
             self.enforced.append(f"mount namespace: {', '.join(t for t, _ in layout.binds)} of the rollout's own"
                                  + ("; verifier after the agent, in a fresh /logs/verifier" if layout.verifier else ""))
-        wait_s = CONFINE_TIMEOUT_S + self._services(spec, services)
+        wait_s = CONFINE_TIMEOUT_S + self._services(spec, services, harness_timeout_s)
         with open(self.tmp / "stdout.log", "wb") as out, open(self.tmp / "stderr.log", "wb") as err:
             self._job = Forked({"job": "jail", **asdict(spec)}, [out.fileno(), err.fileno()])
         try:
@@ -163,9 +163,9 @@ class Sandbox:
         except ForkError as e:
             raise OSError(f"the jail died before the harness started: {e}") from None
 
-    def _services(self, spec: JailSpec, services: tuple[Service, ...]) -> float:
-        """Put the task's services into the jail's spec (they need its network namespace); the seconds they may
-        take to come up."""
+    def _services(self, spec: JailSpec, services: tuple[Service, ...], harness_timeout_s: float) -> float:
+        """Put the task's services into the jail's spec (they need its network namespace; PID 1 keeps the harness's
+        clock, so their state is read after a timeout too); the seconds they may take to come up."""
         if not services:
             return 0.0
         if not self.netns:
@@ -174,6 +174,7 @@ class Sandbox:
                           + ("network isolation is off" if not self.isolate_network else "unshare fails here"))
         spec.services = [s.to_json() for s in services]
         spec.state_file = str(self.tmp / SERVICE_STATE)
+        spec.harness_timeout_s = harness_timeout_s
         self.enforced.append(f"services in the rollout's network namespace: {', '.join(s.name for s in services)}")
         return sum(s.ready_timeout_s for s in services)
 

@@ -8,7 +8,11 @@ After the harness (and a verifier, if any) it GETs each service's state
 endpoints (audit logs, app state) and writes what they answered to the
 rollout's state file before the services are stopped:
 
-    {"services": {NAME: {PATH: <the JSON it answered>}}, "state_errors": {NAME: {PATH: "why not"}}}
+    {"services": {NAME: {PATH: <the JSON it answered>}}, "state_errors": {NAME: {PATH: "why not"}},
+     "agent_timed_out": true}   # the last two only when so
+
+With services, PID 1 keeps the harness's clock (`JailSpec.harness_timeout_s`):
+an agent past its time is stopped there, and the state is still read.
 
 A service that cannot start (exits, or misses its health check) ends the
 rollout before the harness runs, with `{"error": "..."}` in the state file:
@@ -31,6 +35,7 @@ from pathlib import Path
 HEALTH_POLL_S = 0.1
 STATE_TIMEOUT_S = 10.0
 STOP_GRACE_S = 2.0
+WALL_CLOCK_GRACE_S = 60.0  # beyond the agent's time, for PID 1 to stop it, read the state and stop the services
 LOG_TAIL = 1500
 # What a service inherits from the runner's environment; its own `env` comes on top.
 SERVICE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -194,15 +199,21 @@ class ServiceStage:
             return False
         return True
 
-    def finish(self) -> None:
+    def finish(self, agent_timed_out: bool = False) -> None:
         try:
-            self._write(self.running.state())
+            self._write({**self.running.state(), **({"agent_timed_out": True} if agent_timed_out else {})})
         finally:
             self.running.stop()
 
     def _write(self, data: dict) -> None:
         with self.state:
             json.dump(data, self.state, ensure_ascii=False)
+
+
+def service_notes(state: dict) -> dict:
+    """What an outcome's `extra` says about the services: the state endpoints read, and those that failed."""
+    notes = {"services_read": {name: sorted(answers) for name, answers in state.get("services", {}).items()}}
+    return notes | ({"services_unread": state["state_errors"]} if "state_errors" in state else {}) if state else {}
 
 
 def read_state(path: Path) -> dict:

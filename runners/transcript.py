@@ -24,7 +24,7 @@ from forgerl.schema.records import call_messages
 
 from forgerl.schema.sessions import session_rows
 
-MODEL_APIS = ("anthropic", "responses", "chat", "completions")
+MODEL_APIS = ("anthropic", "responses", "chat", "completions", "gemini")
 
 
 def _arguments(raw: str | None) -> Any:

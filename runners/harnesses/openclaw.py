@@ -34,7 +34,7 @@ class OpenClaw(Harness):
     cli: str = "openclaw"
     api: str = "chat"
     default_model: str = "gpt-5.4"
-    mcp_wiring: str = "mcp.servers in openclaw.json ($OPENCLAW_CONFIG_PATH; {command, args, env})"
+    mcp_wiring: str = "mcp.servers in openclaw.json ($OPENCLAW_CONFIG_PATH; {command, args, env}), tools.toolSearch=false"
 
     def _state(self, ctx: RunContext) -> Path:
         return ctx.home / ".openclaw"
@@ -45,7 +45,9 @@ class OpenClaw(Harness):
         return [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt, "--json"], env
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
-        merged_into(Path(env["OPENCLAW_CONFIG_PATH"]), openclaw_config(ctx.mcp_servers))
+        # Tool Search off: OpenClaw 2026.9 otherwise catalogs MCP tools behind tool_search / tool_call, and the
+        # model is never offered them upfront.
+        merged_into(Path(env["OPENCLAW_CONFIG_PATH"]), {**openclaw_config(ctx.mcp_servers), "tools": {"toolSearch": False}})
         return argv, env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:

@@ -27,7 +27,8 @@ class QwenCode(Harness):
     name: str = "qwen-code"
     cli: str = "qwen"
     api: str = "chat"
-    mcp_wiring: str = "mcpServers in ~/.qwen/settings.json ({command, args, env, trust: true})"
+    mcp_wiring: str = ("mcpServers in ~/.qwen/settings.json ({command, args, env, trust: true}), "
+                       "tools.toolSearch.enabled=false")
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ["-m", ctx.model] if ctx.model else []
@@ -36,7 +37,10 @@ class QwenCode(Harness):
         return aimed.argv, {**aimed.env, **openai_env(ctx), "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
-        merged_into(ctx.home / ".qwen" / "settings.json", gemini_settings(ctx.mcp_servers))
+        # Tool search off: Qwen Code 0.24 otherwise defers MCP tools behind its tool_search bridge, and the
+        # model is never offered them upfront.
+        merged_into(ctx.home / ".qwen" / "settings.json",
+                    {**gemini_settings(ctx.mcp_servers), "tools": {"toolSearch": {"enabled": False}}})
         return argv, env
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:

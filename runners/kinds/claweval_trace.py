@@ -32,6 +32,7 @@ from forgerl.schema.messages import Message, Part
 SERVER_NAME = "claweval"  # the MCP server's name in every harness's config
 ERROR_STATUS = 500
 CODEX_PREAMBLE = "Wall time:"
+UNTRUSTED = ("<untrusted_context>", "</untrusted_context>")
 
 
 def task_tool_name(name: str, tools: set[str]) -> str:
@@ -54,18 +55,22 @@ def _arguments(raw: str | None) -> dict[str, Any]:
 
 
 def _result_text(part: Part) -> str:
-    """A tool result's text; an MCP content list some harnesses pass on as JSON is unwrapped to its text, and
-    the `Wall time: ... Output:` part Codex puts before an MCP tool's output is left out."""
+    """A tool result's text as the MCP server gave it, without what harnesses wrap around it: an MCP content list
+    passed on as JSON, the `Wall time: ... Output:` part Codex puts first, the `{"output": ...}` object and the
+    `<untrusted_context>` tags of Gemini CLI."""
     texts = [p.text or "" for p in part.content or () if p.type == "text"]
     if len(texts) > 1 and texts[0].startswith(CODEX_PREAMBLE):
         texts = texts[1:]
     text = part.text if part.text is not None else "".join(texts)
     try:
-        blocks = json.loads(text)
+        wrapped = json.loads(text)
     except (json.JSONDecodeError, TypeError):
         return text
-    if isinstance(blocks, list) and blocks and all(isinstance(b, dict) and b.get("type") == "text" for b in blocks):
-        return "".join(b.get("text", "") for b in blocks)
+    if isinstance(wrapped, list) and wrapped and all(isinstance(b, dict) and b.get("type") == "text" for b in wrapped):
+        return "".join(b.get("text", "") for b in wrapped)
+    if isinstance(wrapped, dict) and list(wrapped) == ["output"] and isinstance(wrapped["output"], str):
+        inner = wrapped["output"].strip()
+        return inner.removeprefix(UNTRUSTED[0]).removesuffix(UNTRUSTED[1]).strip()
     return text
 
 
