@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from . import kinds
+from . import gui, kinds
 from .groups import FIXED, metrics_by, pass_curve_by
 from .reliability import pass_at_k, pass_pow_k
 
@@ -450,6 +450,7 @@ VIEWS: tuple[View, ...] = (
     View("pass_k", "pass@k and pass^k per task, harness, model and policy version, for k = 1..attempts", PASS_K),
     View("task_pass_rates", "scored attempts n, passed and mean reward per task, harness and policy version "
          "(forge-analyze pass-rates)", TASK_PASS_RATES),
+    *(View(name, doc, sql) for name, doc, sql in gui.VIEWS),
     *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", metrics_by(g, g)) for g in FIXED),
     *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts",
            pass_curve_by(g, g)) for g in FIXED),
@@ -466,6 +467,7 @@ def _tables(con: duckdb.DuckDBPyConnection) -> None:
     con.register("_prices", pa.table({"prefix": list(cols[0]), "input": list(cols[1]), "output": list(cols[2]),
                                       "cache_read": list(cols[3]), "cache_write": list(cols[4])}))
     con.execute("CREATE VIEW prices AS SELECT * FROM _prices")
+    gui.register_tables(con)
 
 
 def register(con: duckdb.DuckDBPyConnection, materialized: tuple[str, ...] = (),
