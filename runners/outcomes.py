@@ -58,7 +58,7 @@ def pass_table(rows: list[dict], k: int, tasks: dict[str, Task] | None = None) -
 
 def pass_rules(tasks: list[Task]) -> list[str]:
     """One line per benchmark among `tasks`: when a run passes, and what else its numbers mean."""
-    return list(dict.fromkeys(f"{type(t).benchmark}: {type(t).pass_rule}" for t in tasks))
+    return list(dict.fromkeys(t.pass_rule() for t in tasks))
 
 
 def rate_rows(table: list[dict], harness: str, policy_version: str) -> list[dict]:

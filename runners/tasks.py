@@ -82,11 +82,9 @@ class Task:
     unavailable: str = ""  # why it cannot run here: each rollout is an infra_error with this reason, never a 0
     skip: str = ""  # why forge-run leaves it out (said when it does)
 
-    benchmark: ClassVar[str] = "QwenClawBench"  # named in pass@k tables beside its pass rule
+    benchmark: ClassVar[str] = "QwenClawBench / TOML"  # named in pass@k tables beside its pass rule
     pass_threshold: ClassVar[float] = 1.0  # a trial passes at reward >= this (QwenClawBench: only 1.0)
     missing_trials_fail: ClassVar[bool] = False  # pass@k / pass^k count a task's missing trials as failed
-    pass_rule: ClassVar[str] = ("passes at reward 1.0; reward = automated checks only (no LLM judge configured): "
-                                "not comparable with published QwenClawBench totals")
 
     def score(self, run: GradeInput) -> dict[str, float]:
         """Per-check scores of one finished rollout: by default `grade(transcript, workspace)` in a child."""
@@ -98,6 +96,12 @@ class Task:
 
     def passes(self, reward: float) -> bool:
         return reward >= self.pass_threshold
+
+    def pass_rule(self) -> str:
+        """When a trial passes, and what else its numbers mean (a line under the pass@k table)."""
+        judge = ("; reward = automated checks only (no LLM judge configured): not comparable with published "
+                 "QwenClawBench totals") if "llm_judge" in self.weights else ""
+        return f"{self.benchmark}: passes at reward >= {self.pass_threshold:g}{judge}"
 
     def layout(self, rollout_dir: Path, workspace: Path, in_image: bool = False) -> Layout | None:
         """Fixed paths and a verifier after the agent that a rollout needs (`verifier.Layout`); None: neither.

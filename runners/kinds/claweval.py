@@ -65,9 +65,11 @@ class ClawEvalTask(Task):
     benchmark: ClassVar[str] = "ClawEval"
     pass_threshold: ClassVar[float] = 0.75  # claw_eval.models.scoring.is_pass's threshold
     missing_trials_fail: ClassVar[bool] = True  # score_summary.py pads each task's trials with 0
-    pass_rule: ClassVar[str] = ("passes at task score >= 0.75 (compute_task_score); missing trials count 0, as "
-                                "score_summary.py counts them; without --judge its LLM-judged parts score 0 "
-                                "(outcomes.graded says llm_judge: not graded)")
+
+    def pass_rule(self) -> str:
+        return (f"{self.benchmark}: passes at task score >= {self.pass_threshold:g} (compute_task_score); missing "
+                "trials count 0, as score_summary.py counts them; without --judge its LLM-judged parts score 0 "
+                "(outcomes.graded says llm_judge: not graded)")
 
     def score(self, run: GradeInput) -> dict[str, float]:
         """The task's own grader on the recording: the dimension scores, `task_score`, and how many judge calls
