@@ -204,5 +204,8 @@ def test_browser_use_phones_nothing_home(tmp_path):
     assert run["run"].returncode == 0, run["run"].stderr[-3000:]
     assert json.loads(run["run"].stdout.strip().splitlines()[-1])["result"] == "Leaf & Kettle"
     chromium = ("google.com", "googleapis.com", "duckduckgo.com")
-    assert not [hit for hit in run["hits"] if not any(host in hit.split()[1] for host in chromium)], run["hits"]
+    # Chromium also preconnects to the proxy and closes or idles without a request line: no destination asked.
+    asked = [hit for hit in run["hits"] if hit not in ("", "TimeoutError('timed out')")]
+    targets = [(hit.split()[1:2] or [hit])[0] for hit in asked]  # "CONNECT host:443 HTTP/1.1" -> host:443
+    assert all(any(host in target for host in chromium) for target in targets), run["hits"]
     assert set(run["paths"]) == {"/v1/chat/completions"}, run["paths"]
