@@ -25,6 +25,9 @@ from .sse import SSEDecoder
 
 INCOMPLETE = "recorder stopped before the call finished"
 SPLIT_SECRET = "raw response withheld: a secret was split across stream frames"
+# mitmproxy's flow error when the client closes while the response still streams. A harness that hangs
+# up once it has read the terminal event (Codex does) races the stream's last chunk; nothing was lost.
+CLIENT_GONE = "Client disconnected."
 _START_FIELDS = ("call_id", "session_id", "seq", "method", "path", "upstream", "t_start", "request_headers",
                  "request_body", "websocket", "policy_version")
 _STATE_FIELDS = ("status", "response_headers", "sse", "t_first_byte", "t_end", "error", "finished")
@@ -122,9 +125,12 @@ class CapturedCall:
                 errors.append(self._request_error)
             if exchange is not None:
                 record.exchange = exchange
-                record.response, response_error = _reassemble(codec, self, response_raw)
+                record.response, response_error, whole = _reassemble(codec, self, response_raw)
                 if response_error:
                     errors.append(response_error)
+                if whole and self.error == CLIENT_GONE:  # hung up after the terminal event: nothing was lost
+                    errors.remove(self.error)
+                    record.complete = True
                 if isinstance(record.response, dict):
                     if _redact_reassembled(record, redactor):
                         errors.append(SPLIT_SECRET)
@@ -182,10 +188,11 @@ def _redact_reassembled(record: CallRecord, redactor: Redactor) -> bool:
     return True
 
 
-def _reassemble(codec: Codec, call: CapturedCall, raw: bytes | None) -> tuple[dict | None, str | None]:
-    """The response body as JSON: parsed directly, or rebuilt from its SSE frames."""
+def _reassemble(codec: Codec, call: CapturedCall, raw: bytes | None) -> tuple[dict | None, str | None, bool]:
+    """The response body as JSON, parsed directly or rebuilt from its SSE frames; the problem; whether a
+    stream reached its terminal event."""
     if not raw:
-        return None, None
+        return None, None, False
     if call.sse:
         decoder = SSEDecoder()
         stream = codec.new_stream()
@@ -194,9 +201,9 @@ def _reassemble(codec: Codec, call: CapturedCall, raw: bytes | None) -> tuple[di
         error = stream.error
         if call.finished and not stream.done and error is None:
             error = "stream ended before its terminal event"
-        return stream.result(), error
+        return stream.result(), error, stream.done and error is None
     try:
         body = json.loads(raw)
     except ValueError:
-        return None, "response body is not JSON"
-    return (body, None) if isinstance(body, dict) else (None, "response body is not a JSON object")
+        return None, "response body is not JSON", False
+    return (body, None, False) if isinstance(body, dict) else (None, "response body is not a JSON object", False)

@@ -26,10 +26,11 @@ Paths match on their suffix, so ``/openai/v1/chat/completions`` works too; a
 ``/s/<session>/`` prefix (or an ``X-Forge-Session`` header) names the session,
 and a ``/fault/<kind>/`` prefix (or an ``X-Scripted-Fault`` header) injects a
 fault: ``500``, ``429``, ``timeout``, ``reset``, ``malformed``, ``nonjson``,
-``big``, ``error_event`` or ``unknown`` (see `FAULTS`). Faults that carry no
+``big``, ``error_event``, ``linger`` or ``unknown`` (see `FAULTS`). Faults that carry no
 model answer (500, 429, timeout, nonjson, big, unknown) do not call the script,
 so they do not use up a `sequence` turn; the stream faults (reset, malformed,
-error_event) do, and strike right after the first delta event.
+error_event) do, and strike right after the first delta event; ``linger`` sends
+the whole stream, then holds it open `LINGER_S` before its end.
 
 Answers are reproducible: ids derive from a digest of the path, the request
 bytes and the turn, and timestamps are the server's start time, so the same
@@ -93,8 +94,9 @@ __all__ = [
     "token_ids",
 ]
 
-FAULTS = ("500", "429", "timeout", "reset", "malformed", "nonjson", "big", "error_event", "unknown")
-_STREAM_FAULTS = ("reset", "malformed", "error_event")
+FAULTS = ("500", "429", "timeout", "reset", "malformed", "nonjson", "big", "error_event", "linger", "unknown")
+_STREAM_FAULTS = ("reset", "malformed", "error_event", "linger")
+LINGER_S = 2.0
 _MAX_BODY = 1 << 30
 _BIG_TEXT_BYTES = 50_000_000
 
@@ -309,6 +311,7 @@ _ANTHROPIC_ERRORS = {400: "invalid_request_error", 404: "not_found_error", 429: 
                      500: "api_error"}
 _OPENAI_ERRORS = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_exceeded"}
 _RESET = object()  # abort the connection here
+_LINGER = object()  # hold the stream open here
 
 
 def _error(api: str | None, status: int, message: str) -> dict[str, Any]:
@@ -341,8 +344,10 @@ def _error_frames(api: str, sent: list[Frame]) -> list[Frame]:
 
 def _inject(frames: Iterable[Frame], fault: str | None, api: str) -> Iterator[Frame | object]:
     """Apply a stream fault right after the first delta frame (at the end when there is none)."""
-    if fault not in _STREAM_FAULTS:
+    if fault not in _STREAM_FAULTS or fault == "linger":
         yield from frames
+        if fault == "linger":
+            yield _LINGER
         return
     frames = iter(frames)
     sent: list[Frame] = []
@@ -580,6 +585,11 @@ class ScriptedUpstream:
                 await response.write(b"".join(pending))
                 await _abort(request)
                 return response
+            if item is _LINGER:
+                await response.write(b"".join(pending))
+                pending.clear()
+                await asyncio.sleep(LINGER_S)
+                continue
             assert isinstance(item, Frame)
             if item.delta:
                 if deltas and (self.chunk_delay or deltas == 1):

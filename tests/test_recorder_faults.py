@@ -67,6 +67,29 @@ def test_fault_is_transparent_and_recorded(scripted, recorder, fault, path, body
     assert ok.status_code == 200 and ok.json()["choices"]
 
 
+@pytest.mark.parametrize("path,body,terminal", [
+    ("/v1/responses", {"model": "m", "input": "hi", "stream": True}, b"response.completed"),
+    ("/v1/messages", {**MESSAGES, "stream": True}, b"message_stop"),
+], ids=["responses", "anthropic"])
+def test_client_hanging_up_after_the_terminal_event_loses_nothing(scripted, recorder, path, body, terminal):
+    """A harness that closes once it has the terminal event (Codex) while the server has not ended the stream:
+    the call is whole. Hanging up before it (mid-stream: 4 pieces 0.3 s apart) is still an incomplete call."""
+    up = scripted(chunks=4, chunk_delay=0.3)
+    rec = recorder(up.url)
+    for session, until in (("whole", terminal), ("cut", b"delta")):
+        with httpx.stream("POST", rec.base(session) + path, json=body, headers={"x-scripted-fault": "linger"},
+                          timeout=10) as r:
+            seen = b""
+            for chunk in r.iter_raw():
+                seen += chunk
+                if until in seen:
+                    break
+    whole = session_calls(rec.out, "whole", 1, timeout=30)[0]
+    assert whole["error"] is None and whole["complete"], whole["error"]
+    cut = session_calls(rec.out, "cut", 1, timeout=30)[0]
+    assert not cut["complete"] and "disconnected" in (cut["error"] or "").lower(), cut["error"]
+
+
 def test_upstream_timeout_is_recorded(scripted, recorder):
     up = scripted()
     rec = recorder(up.url)
