@@ -48,6 +48,7 @@ from forgerl.errors import UserError
 from .grading import GradeInput, Reward, combine, grade_workspace
 from .harnesses.base import McpServer
 from .services import Service
+from .simulated_user import Persona
 from .verifier import Layout
 
 DEFAULT_TIMEOUT_S = 1800
@@ -81,6 +82,7 @@ class Task:
     mcp_servers: tuple[McpServer, ...] = ()  # offered to the harness through its own MCP config
     unavailable: str = ""  # why it cannot run here: each rollout is an infra_error with this reason, never a 0
     skip: str = ""  # why forge-run leaves it out (said when it does)
+    persona: Persona | None = None  # a simulated user answers the harness (`simulated_user.py`)
 
     benchmark: ClassVar[str] = "QwenClawBench / TOML"  # named in pass@k tables beside its pass rule
     pass_threshold: ClassVar[float] = 1.0  # a trial passes at reward >= this (QwenClawBench: only 1.0)

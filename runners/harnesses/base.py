@@ -63,6 +63,7 @@ class Harness:
     api: str = ""  # the wire API it speaks: anthropic | responses | chat
     default_model: str = ""  # what `forge-run` passes when no --model is given ("": the harness's own choice)
     mcp_wiring: str = ""  # how `mcp` gives it MCP servers, for --help ("": it has no MCP client)
+    resumes: str = ""  # how `resume_command` continues its session, for --help ("": it cannot)
 
     def find(self) -> str:
         return find_cli(self.cli)
@@ -71,9 +72,16 @@ class Harness:
         """argv and the environment additions for one headless run."""
         raise NotImplementedError
 
-    def full_command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
-        """`command`, with the rollout's MCP servers (`ctx.mcp_servers`) wired into the harness's own config."""
-        argv, env = self.command(exe, ctx)
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        """argv and the environment additions for the next user turn, `message`, in the session the harness's last
+        run in this private HOME and workspace left (a simulated user's reply); adapters of harnesses that can
+        resume override it."""
+        raise HarnessError(f"{self.name} cannot resume its session, and a simulated user's dialogue needs it to")
+
+    def full_command(self, exe: str, ctx: RunContext, reply: str | None = None) -> tuple[list[str], dict[str, str]]:
+        """`command` (or, with a `reply`, `resume_command`), with the rollout's MCP servers (`ctx.mcp_servers`)
+        wired into the harness's own config."""
+        argv, env = self.command(exe, ctx) if reply is None else self.resume_command(exe, ctx, reply)
         return self.mcp(argv, env, ctx) if ctx.mcp_servers else (argv, env)
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:

@@ -12,7 +12,7 @@ its own transcript is `~/.claude/projects/*/*.jsonl`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forgerl.recorder.launch import harness_env
@@ -28,6 +28,7 @@ class ClaudeCode(Harness):
     api: str = "anthropic"
     mcp_wiring: str = ("--strict-mcp-config --mcp-config FILE ({mcpServers: {NAME: {type: stdio, command, args, env}}}), "
                        "MCP_CONNECTION_NONBLOCKING=0, MCP_CONNECT_TIMEOUT_MS")
+    resumes: str = "claude -p MESSAGE --continue (the private HOME's one conversation in the workspace)"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         argv = [exe, "-p", ctx.prompt, "--output-format", "json", "--dangerously-skip-permissions"]
@@ -37,6 +38,10 @@ class ClaudeCode(Harness):
                "ANTHROPIC_API_KEY": key_or_placeholder(ctx, "ANTHROPIC_API_KEY", "sk-ant-forgerl-placeholder"),
                "DISABLE_AUTOUPDATER": "1"}
         return argv, env
+
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = self.command(exe, replace(ctx, prompt=message))
+        return [*argv, "--continue"], env
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         write_config(ctx, "mcp.json", json.dumps(claude_code_config(ctx.mcp_servers), indent=2))

@@ -17,7 +17,7 @@ definitions; with a named model it sends every tool's schema in `tools`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forgerl.recorder.launch import codex_overrides, harness_env
@@ -34,6 +34,7 @@ class Codex(Harness):
     default_model: str = "gpt-5.4"
     mcp_wiring: str = ("-c mcp_servers.NAME.{command,args,env,startup_timeout_sec,required=true} (its tools come in "
                        "a namespace mcp__NAME)")
+    resumes: str = "codex exec resume --last [the same options] MESSAGE (the newest session of the workspace)"
 
     def _home(self, ctx: RunContext) -> Path:
         return ctx.home / ".codex"
@@ -49,8 +50,12 @@ class Codex(Harness):
         env = {**harness_env(ctx.base_url, ctx.session), **openai_env(ctx), "CODEX_HOME": str(self._home(ctx))}
         return [*argv, ctx.prompt], env
 
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = self.command(exe, replace(ctx, prompt=message))
+        return [*argv[:2], "resume", "--last", *argv[2:]], env  # `resume` takes exec's options after it
+
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
-        return [*argv[:2], *mcp_overrides(ctx.mcp_servers), *argv[2:]], env  # after `codex exec`
+        return [*argv[:-1], *mcp_overrides(ctx.mcp_servers), argv[-1]], env  # before the prompt: `exec [resume]` first
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         path = self._last_message(ctx)

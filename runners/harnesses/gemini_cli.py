@@ -19,7 +19,7 @@ CLI routes each turn through a classifier call to a second model first.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forgerl.recorder.launch import gemini_env
@@ -35,12 +35,17 @@ class GeminiCli(Harness):
     api: str = "gemini"
     default_model: str = "gemini-2.5-pro"
     mcp_wiring: str = "mcpServers in $GEMINI_CLI_HOME/.gemini/settings.json ({command, args, env, trust: true})"
+    resumes: str = "gemini --resume latest ... -p MESSAGE (the newest session of the workspace's project)"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         argv = [exe, "--yolo", "--output-format", "json", "-m", ctx.model or self.default_model, "-p", ctx.prompt]
         env = {**gemini_env(ctx.base_url, ctx.session, ctx.home), **base_env(ctx),
                "GEMINI_API_KEY": key_or_placeholder(ctx, "GEMINI_API_KEY", "forgerl-placeholder-key")}
         return argv, env
+
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = self.command(exe, replace(ctx, prompt=message))
+        return [argv[0], "--resume", "latest", *argv[1:]], env
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         merged_into(Path(env["GEMINI_CLI_HOME"]) / ".gemini" / "settings.json", gemini_settings(ctx.mcp_servers))

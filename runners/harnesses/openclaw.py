@@ -16,7 +16,7 @@ rows, the same session events older releases wrote to `sessions/*.jsonl`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forgerl.recorder.launch import openclaw_env
@@ -35,6 +35,7 @@ class OpenClaw(Harness):
     api: str = "chat"
     default_model: str = "gpt-5.4"
     mcp_wiring: str = "mcp.servers in openclaw.json ($OPENCLAW_CONFIG_PATH; {command, args, env}), tools.toolSearch=false"
+    resumes: str = "openclaw agent --local --session-id SESSION --message MESSAGE (the same session id continues it)"
 
     def _state(self, ctx: RunContext) -> Path:
         return ctx.home / ".openclaw"
@@ -43,6 +44,9 @@ class OpenClaw(Harness):
         model = ctx.model or self.default_model
         env = {**openclaw_env(ctx.base_url, ctx.session, model, ctx.workspace, self._state(ctx)), **openai_env(ctx)}
         return [exe, "agent", "--local", "--session-id", ctx.session, "--message", ctx.prompt, "--json"], env
+
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        return self.command(exe, replace(ctx, prompt=message))
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         # Tool Search off: OpenClaw 2026.9 otherwise catalogs MCP tools behind tool_search / tool_call, and the

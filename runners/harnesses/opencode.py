@@ -15,7 +15,7 @@ line per message.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forgerl.recorder.launch import opencode_env
@@ -35,11 +35,16 @@ class OpenCode(Harness):
     api: str = "chat"
     default_model: str = "gpt-5.4"
     mcp_wiring: str = "mcp in OPENCODE_CONFIG_CONTENT ({NAME: {type: local, command: [...], environment}})"
+    resumes: str = "opencode run --continue ... MESSAGE (the last session in the private HOME's database)"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ctx.model or self.default_model
         env = {**opencode_env(ctx.base_url, ctx.session, model, ctx.home / ".config", ctx.workspace), **openai_env(ctx)}
         return [exe, "run", "--format", "json", "--title", ctx.session, ctx.prompt], env
+
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = self.command(exe, replace(ctx, prompt=message))
+        return [*argv[:2], "--continue", *argv[2:]], env  # after `opencode run`
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         config = {**json.loads(env["OPENCODE_CONFIG_CONTENT"]), **opencode_config(ctx.mcp_servers)}

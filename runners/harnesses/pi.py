@@ -15,7 +15,7 @@ event on stdout; its own transcript is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forgerl.recorder.launch import PI_OFFLINE, PROVIDER, harness_env, pi_models
@@ -28,12 +28,17 @@ class Pi(Harness):
     name: str = "pi"
     cli: str = "pi"
     api: str = "chat"
+    resumes: str = "pi -p --continue ... MESSAGE (the newest session of the workspace)"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ctx.model or "policy"
         write_config(ctx, ".pi/agent/models.json", json.dumps(pi_models(ctx.base_url, ctx.session, model), indent=2))
         argv = [exe, "-p", "--mode", "json", "--provider", PROVIDER, "--model", model, ctx.prompt]
         return argv, {**harness_env(ctx.base_url, ctx.session), **openai_env(ctx), **PI_OFFLINE}
+
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = self.command(exe, replace(ctx, prompt=message))
+        return [*argv[:2], "--continue", *argv[2:]], env  # after `pi -p`
 
     def final_answer(self, stdout: str, ctx: RunContext) -> str | None:
         for line in reversed(stdout.splitlines()):

@@ -13,7 +13,7 @@ its own transcript is `~/.qwen/projects/<cwd>/chats/<session>.jsonl`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forgerl.recorder.launch import qwen_code
@@ -29,12 +29,17 @@ class QwenCode(Harness):
     api: str = "chat"
     mcp_wiring: str = ("mcpServers in ~/.qwen/settings.json ({command, args, env, trust: true}), "
                        "tools.toolSearch.enabled=false")
+    resumes: str = "qwen --continue ... MESSAGE (the newest session of the workspace's project)"
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ["-m", ctx.model] if ctx.model else []
         aimed = qwen_code([exe, "--yolo", "--output-format", "json", *model, ctx.prompt], ctx.base_url, ctx.session,
                           ctx.home)
         return aimed.argv, {**aimed.env, **openai_env(ctx), "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
+
+    def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = self.command(exe, replace(ctx, prompt=message))
+        return [argv[0], "--continue", *argv[1:]], env
 
     def mcp(self, argv: list[str], env: dict[str, str], ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         # Tool search off: Qwen Code 0.24 otherwise defers MCP tools behind its tool_search bridge, and the
