@@ -41,7 +41,8 @@ from scripted_upstream import ScriptedUpstream  # noqa: E402
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig  # noqa: E402
 from forgerl.runners.harnesses import RunContext, get_harness  # noqa: E402
-from forgerl.runners.local import PASSTHROUGH_ENV, LocalRunner  # noqa: E402
+from forgerl.runners.attempt import PASSTHROUGH_ENV  # noqa: E402
+from forgerl.runners.local import LocalRunner  # noqa: E402
 from forgerl.runners.rollout import Rollout  # noqa: E402
 from forgerl.runners.tasks import find_task  # noqa: E402
 from forgerl.schema.store import DatasetWriter  # noqa: E402

@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from forgerl.recorder.writer_process import RecorderFailure
 
 from .harnesses import Harness
-from .pod import RECORDER_FAILURE
+from .pod import RECORDER_FAILURE, RESULT_KEYS
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "pod-template.yaml"
@@ -211,10 +211,8 @@ class KubernetesRunner(BatchRunner):
             raise RecorderFailure(result.get("error") or "the recorder failed")
         if result["status"] != "graded":
             raise InfraError(result.get("error") or "the pod reported an infra error")
-        extra = {"final_answer": result.get("final_answer"), "returncode": result.get("returncode"),
-                 "seconds": result.get("seconds"), "enforced": result.get("enforced"),
-                 "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None,
-                 **{k: result[k] for k in ("environment", "verifier") if k in result}}
+        extra = {**{k: v for k, v in result.items() if k not in RESULT_KEYS},
+                 "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None}
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, result["scores"],
                               bool(result.get("timed_out")), result.get("returncode"), model=self.model, extra=extra)
 

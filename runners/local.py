@@ -19,14 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .grading import GradeInput, Judge
-from .harnesses import Harness, RunContext
-from .rollout import BatchRunner, InfraError, Outcome, Rollout, grade_session, now, prepare_workspace, verdict_of
-from .sandbox import Sandbox
-from .services import WALL_CLOCK_GRACE_S, service_notes
+from .attempt import AttemptConfig, inherited, run_attempt
+from .grading import Judge
+from .harnesses import Harness
+from .rollout import BatchRunner, Outcome, Rollout, now
 
-# What a harness inherits from the runner's environment; nothing else (keys come through RunContext.env).
-PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "TMPDIR")
 STDERR_TAIL = 4000
 
 
@@ -62,47 +59,13 @@ class LocalRunner(BatchRunner):
         return outcome
 
     def _run_in(self, tmp: Path, rollout: Rollout, session: str, timings: dict[str, float]) -> Outcome:
-        """Set up, run, grade; `timings` gets each phase's seconds (model time is inside `harness`)."""
-        task = rollout.task
-        t_start, clock = now(), time.monotonic()
-        workspace, home = tmp / "workspace", tmp / "home"
-        home.mkdir()
-        prepare_workspace(task, workspace)
-        layout = task.layout(tmp, workspace)  # fixed paths (/app, /tests, ...) and a verifier: Harbor tasks
-        cwd = Path(layout.workdir) if layout else workspace
-        agent_s = self.timeout_s or task.timeout_s
-        with Sandbox(tmp, self.recorder_url, self.isolate_network) as sandbox:
-            ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, self.model, dict(self.env),
-                             mcp_servers=task.mcp_servers)
-            argv, harness_env = self.harness.full_command(self.exe, ctx)
-            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ} | (layout.env if layout else {})
-            env |= harness_env
-            try:  # confined before a harness slot frees, so the harness starts the moment one does
-                sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
-                                harness_timeout_s=agent_s, services=task.services)
-                timings["setup"] = round(time.monotonic() - clock, 4)
-                clock = time.monotonic()
-                with self.harness_slot:
-                    timings["queued"] = round(time.monotonic() - clock, 4)
-                    result = sandbox.run(layout.wall_clock_s(agent_s) if layout
-                                         else agent_s + (WALL_CLOCK_GRACE_S if task.services else 0))
-            except OSError as e:
-                raise InfraError(f"sandbox failed to start: {e}") from None
-        verdict = verdict_of(layout)
-        timings["harness"] = round(result.seconds, 4)
-        clock = time.monotonic()
-        final_answer = self.harness.final_answer(result.stdout, ctx)
-        state = sandbox.service_state()
-        run = GradeInput(self.dataset, session, workspace, final_answer, verdict=verdict,
-                         service_state=state.get("services", {}), judge=self.judge)
-        scores = grade_session(task, run, self.recorder_url)
-        timings["grade"] = round(time.monotonic() - clock, 4)
-        extra = {"final_answer": final_answer,
-                 "harness_transcript": self.harness.own_transcript(ctx),
-                 "returncode": result.returncode, "seconds": round(result.seconds, 3),
-                 "enforced": sandbox.enforced, "stderr_tail": result.stderr[-STDERR_TAIL:] or None,
-                 "timings": timings, **(layout.outcome_notes(verdict) if layout else {}),
-                 **service_notes(state)}
-        timed_out = verdict.agent_timed_out if verdict else result.timed_out or bool(state.get("agent_timed_out"))
-        return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, scores,
-                              timed_out, result.returncode, model=self.model, extra=extra)
+        """Run the attempt (`attempt.run_attempt`) under a harness slot; `timings` gets each phase's seconds."""
+        t_start = now()
+        config = AttemptConfig(self.harness, self.exe, self.recorder_url, self.dataset, model=self.model,
+                               keys=dict(self.env), base_env=inherited(os.environ), timeout_s=self.timeout_s,
+                               judge=self.judge, isolate_network=self.isolate_network)
+        done = run_attempt(config, rollout.task, session, tmp, self.harness_slot, timings)
+        extra = {**done.extra(), "harness_transcript": self.harness.own_transcript(done.ctx),
+                 "stderr_tail": done.result.stderr[-STDERR_TAIL:] or None, "timings": timings}
+        return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, done.scores,
+                              done.timed_out, done.result.returncode, model=self.model, extra=extra)

@@ -6,9 +6,15 @@ FORGE_TASKS (task file/folder as mounted in the pod), FORGE_TASK_ID,
 FORGE_ATTEMPT, FORGE_HARNESS, FORGE_RECORDER_URL, FORGE_SESSION_ID,
 FORGE_DATASET (the dataset root the recorder writes, mounted read-only: the
 transcript for grade() is built from it), FORGE_MODEL, FORGE_TIMEOUT_S,
-FORGE_WORKDIR (default /work), FORGE_RESULT_PATH (default /dev/termination-log).
+FORGE_WORKDIR (default /work), FORGE_RESULT_PATH (default /dev/termination-log),
+FORGE_JUDGE_URL and FORGE_JUDGE_MODEL (`forge-run --judge`). Keys are never
+set by the runner: ANTHROPIC_API_KEY / OPENAI_API_KEY (the harness's) and
+FORGE_JUDGE_API_KEY (the judge's, read by the grading child) come from the
+pod template's env, from a Secret (deploy/README.md).
 
-grade() runs here, in the pod, against the pod's workspace, once the
+The rollout itself is `attempt.run_attempt`, as on the local runner: a task's
+services start in the jail's own namespaces inside the pod, a Harbor task's
+verifier runs after the agent, and grade() runs here, in the pod, against the pod's workspace, once the
 recorder acknowledges the session's calls on disk. The result (scores, an
 infra error, or a recorder failure, which stops the whole run) is written as
 JSON to the termination message (what the runner reads) and printed as the
@@ -27,16 +33,17 @@ from pathlib import Path
 
 from forgerl.recorder.writer_process import RecorderFailure
 
-from .grading import GradeInput
-from .harnesses import RunContext, get_harness
-from .local import PASSTHROUGH_ENV
-from .rollout import InfraError, grade_session, prepare_workspace, verdict_of
-from .sandbox import Sandbox
+from .attempt import AttemptConfig, inherited, run_attempt
+from .grading import Judge
+from .harnesses import get_harness
+from .rollout import InfraError
 from .tasks import find_task
 
 RESULT_PREFIX = "FORGE_RESULT "
 RECORDER_FAILURE = "recorder_failure"  # the result status that stops the run
+RESULT_KEYS = ("session", "status", "scores", "timed_out", "error")  # the rest of a graded result is the outcome's extra
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+HARNESS_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")  # from the pod's environment (the template: a Secret)
 
 
 def _fit(result: dict) -> str:
@@ -48,43 +55,27 @@ def _fit(result: dict) -> str:
     return text
 
 
+def pod_config(env: dict[str, str]) -> AttemptConfig:
+    """The attempt's configuration from the pod's environment (set by `KubernetesRunner.pod_manifest`)."""
+    harness = get_harness(env["FORGE_HARNESS"])
+    judge = Judge(env["FORGE_JUDGE_URL"], env["FORGE_JUDGE_MODEL"]) if env.get("FORGE_JUDGE_URL") else None
+    return AttemptConfig(harness, harness.find(), env["FORGE_RECORDER_URL"], Path(env["FORGE_DATASET"]),
+                         model=env.get("FORGE_MODEL", ""), keys={k: v for k, v in env.items() if k in HARNESS_KEYS},
+                         base_env=inherited(env), timeout_s=float(env.get("FORGE_TIMEOUT_S") or 0) or None,
+                         judge=judge, in_pod=True)
+
+
 def run_pod(env: dict[str, str]) -> dict:
     task = find_task(Path(env["FORGE_TASKS"]), env["FORGE_TASK_ID"])
-    harness = get_harness(env["FORGE_HARNESS"])
-    work = Path(env.get("FORGE_WORKDIR", "/work"))
-    workspace, home = work / "workspace", work / "home"
-    home.mkdir(parents=True, exist_ok=True)
     session = env["FORGE_SESSION_ID"]
     try:
-        prepare_workspace(task, workspace)
-        layout = task.layout(work, workspace, in_image=True)  # a Harbor task, in its own image: its verifier
-        cwd = Path(layout.workdir) if layout else workspace
-        agent_s = float(env.get("FORGE_TIMEOUT_S") or task.timeout_s)
-        # The pod isolates the network (NetworkPolicy); a layout's mount namespace comes with the jail's others.
-        with Sandbox(work, env["FORGE_RECORDER_URL"], isolate_network=layout is not None) as sandbox:
-            keys = {k: v for k, v in env.items() if k in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
-            ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, env.get("FORGE_MODEL", ""), keys,
-                             mcp_servers=task.mcp_servers)
-            argv, harness_env = harness.full_command(harness.find(), ctx)
-            run_env = {k: env[k] for k in PASSTHROUGH_ENV if k in env} | harness_env
-            try:
-                sandbox.confine(argv, run_env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
-                                harness_timeout_s=agent_s)
-            except OSError as e:
-                raise InfraError(f"sandbox failed to start: {e}") from None
-            result = sandbox.run(layout.wall_clock_s(agent_s) if layout else agent_s)
-        verdict = verdict_of(layout)
-        final_answer = harness.final_answer(result.stdout, ctx)
-        run = GradeInput(Path(env["FORGE_DATASET"]), session, workspace, final_answer, verdict=verdict)
-        scores = grade_session(task, run, env["FORGE_RECORDER_URL"])
+        done = run_attempt(pod_config(env), task, session, Path(env.get("FORGE_WORKDIR", "/work")))
     except InfraError as e:
         return {"session": session, "status": "infra_error", "error": str(e)}
     except RecorderFailure as e:
         return {"session": session, "status": RECORDER_FAILURE, "error": str(e)}
-    return {"session": session, "status": "graded", "scores": scores,
-            "timed_out": verdict.agent_timed_out if verdict else result.timed_out,
-            "returncode": result.returncode, "seconds": round(result.seconds, 3), "enforced": sandbox.enforced,
-            "final_answer": final_answer, **(layout.outcome_notes(verdict) if layout else {})}
+    return {"session": session, "status": "graded", "scores": done.scores, "timed_out": done.timed_out,
+            **done.extra()}
 
 
 def main() -> int:

@@ -1,0 +1,135 @@
+"""One try of a rollout, wherever it runs: set up, run the harness, collect what it left, grade.
+
+The local runner (`local.py`) and the Kubernetes pod entry (`pod.py`) both
+call `run_attempt`, so a task is set up, confined and graded the same way on
+either. The phases, in order:
+
+1. set-up: the workspace (`prepare_workspace`), the task's layout (fixed
+   paths and a verifier: Harbor tasks), the sandbox, the harness's command,
+   and the jail confined with the task's services up (`Sandbox.confine`);
+2. run: the harness, under `slot` (the local runner's bound on harnesses
+   running at once);
+3. collect: the verifier's verdict, the final answer, the services' state;
+4. grade: once the recorder has the session's calls on disk (`grade_session`).
+
+What differs stays with the caller: the local runner adds its harness slot,
+phase timings and the harness's own transcript to the outcome; the pod reads
+its `AttemptConfig` from its environment and writes a JSON result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .grading import GradeInput, Judge
+from .harnesses import Harness, RunContext
+from .rollout import InfraError, grade_session, prepare_workspace, verdict_of
+from .sandbox import Result, Sandbox
+from .services import WALL_CLOCK_GRACE_S, service_notes
+from .tasks import Task
+from .verifier import Layout, Verdict
+
+# What a harness inherits from the runner's environment; nothing else (keys come through RunContext.env).
+PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "TMPDIR")
+
+
+def inherited(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of `environ` a harness inherits (`PASSTHROUGH_ENV`)."""
+    return {k: environ[k] for k in PASSTHROUGH_ENV if k in environ}
+
+
+@dataclass(frozen=True)
+class AttemptConfig:
+    """What stays the same for every rollout of a run."""
+
+    harness: Harness
+    exe: str  # the harness CLI (`Harness.find`)
+    recorder_url: str
+    dataset: Path  # the dataset root the recorder writes (the transcript is read from it)
+    model: str = ""
+    keys: dict[str, str] = field(default_factory=dict)  # API keys for the harness (RunContext.env)
+    base_env: dict[str, str] = field(default_factory=dict)  # what the harness inherits (`inherited`)
+    timeout_s: float | None = None  # overrides every task's own timeout
+    judge: Judge | None = None  # for graders with LLM-judged parts (ClawEval)
+    isolate_network: bool = True  # False: the harness is only pointed at the recorder
+    in_pod: bool = False  # a Kubernetes pod: the network is the pod's, the task's image is the filesystem
+
+
+@dataclass
+class Finished:
+    """A graded attempt: what the outcome is made of."""
+
+    scores: dict[str, float]
+    result: Result
+    final_answer: str | None
+    ctx: RunContext
+    enforced: list[str]
+    timed_out: bool
+    notes: dict  # for the outcome's `extra`: the layout's and the services' notes
+
+    def extra(self) -> dict:
+        """The outcome's `extra` both runners record."""
+        return {"final_answer": self.final_answer, "returncode": self.result.returncode,
+                "seconds": round(self.result.seconds, 3), "enforced": self.enforced, **self.notes}
+
+
+def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Path,
+                slot: AbstractContextManager = nullcontext(), timings: dict[str, float] | None = None) -> Finished:
+    """Set up, run, collect and grade one try of `task` in `rollout_dir` (InfraError: not the agent's fault).
+
+    `timings`, if given, gets each phase's seconds (model time is inside `harness`).
+    """
+    timings = {} if timings is None else timings
+    clock = time.monotonic()
+    # 1. set-up
+    workspace, home = rollout_dir / "workspace", rollout_dir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    prepare_workspace(task, workspace)
+    layout = task.layout(rollout_dir, workspace, in_image=config.in_pod)
+    cwd = Path(layout.workdir) if layout else workspace
+    agent_s = config.timeout_s or task.timeout_s
+    # In a pod the NetworkPolicy isolates the network: namespaces only where the task needs them.
+    isolate = bool(layout or task.services) if config.in_pod else config.isolate_network
+    with Sandbox(rollout_dir, config.recorder_url, isolate) as sandbox:
+        ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, config.model, dict(config.keys),
+                         mcp_servers=task.mcp_servers)
+        argv, harness_env = config.harness.full_command(config.exe, ctx)
+        env = config.base_env | (layout.env if layout else {}) | harness_env
+        try:  # confined before a harness slot frees, so the harness starts the moment one does
+            sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
+                            harness_timeout_s=agent_s, services=task.services)
+            timings["setup"] = round(time.monotonic() - clock, 4)
+            clock = time.monotonic()
+            # 2. run the harness
+            with slot:
+                timings["queued"] = round(time.monotonic() - clock, 4)
+                result = sandbox.run(_wall_clock_s(task, layout, agent_s))
+        except OSError as e:
+            raise InfraError(f"sandbox failed to start: {e}") from None
+    timings["harness"] = round(result.seconds, 4)
+    clock = time.monotonic()
+    # 3. collect
+    verdict = verdict_of(layout)
+    final_answer = config.harness.final_answer(result.stdout, ctx)
+    state = sandbox.service_state()
+    # 4. grade
+    run = GradeInput(config.dataset, session, workspace, final_answer, verdict=verdict,
+                     service_state=state.get("services", {}), judge=config.judge)
+    scores = grade_session(task, run, config.recorder_url)
+    timings["grade"] = round(time.monotonic() - clock, 4)
+    return Finished(scores, result, final_answer, ctx, sandbox.enforced, _timed_out(verdict, result, state),
+                    notes={**(layout.outcome_notes(verdict) if layout else {}), **service_notes(state)})
+
+
+def _wall_clock_s(task: Task, layout: Layout | None, agent_s: float) -> float:
+    """The runner's limit for the whole jail: the agent's time, a verifier's, and the services' grace."""
+    return (layout.wall_clock_s(agent_s) if layout else agent_s) + (WALL_CLOCK_GRACE_S if task.services else 0.0)
+
+
+def _timed_out(verdict: Verdict | None, result: Result, state: dict) -> bool:
+    """Whether the agent ran past its time: the verifier stage says so, else the jail (or PID 1's own clock)."""
+    return verdict.agent_timed_out if verdict else result.timed_out or bool(state.get("agent_timed_out"))
