@@ -4,7 +4,7 @@
     forge-analyze compare DATASET --a COLUMN=VALUE --b COLUMN=VALUE [--json]
     forge-analyze sql DATASET "SELECT ..." [--format table|csv|json]
     forge-analyze views
-    forge-analyze pass-rates DATASET [--policy-version V] [--harness H]
+    forge-analyze pass-rates DATASET [--policy-version V] [--harness H] [--model M]
     forge-analyze view DATASET [--listen 127.0.0.1:8765] [--tokenizer PATH_OR_NAME]
 
 Bad input (not a dataset, an unknown --by, a SQL error) is one line on
@@ -27,11 +27,12 @@ from forgerl.cli import run_verb
 from forgerl.converters.tokenizer import load_tokenizer
 from forgerl.converters.tokens import Renderer
 from forgerl.errors import UserError
+from forgerl.schema.attempts import Scope, pass_rate_rows
 
 from . import connect
 from .compare import Side, compare
 from .groups import FIXED, OUTCOME
-from .pass_rates import pass_rate_rows, print_table
+from .pass_rates import print_table
 from .gui import screenshot_strip
 from .report import build, comparison_table, table, to_html
 from .viewer.server import DEFAULT_LISTEN, parse_listen, serve
@@ -56,12 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--format", default="table", help="table (default), csv or json")
     sub.add_parser("views", help="list the views and what each holds")
     rates = sub.add_parser("pass-rates", help="per-task pass rates: tasks solved never, sometimes, always",
-                           description="Per task, harness and policy version: scored attempts, passed, pass rate "
-                                       "and whether the policy solves it never, sometimes or always (RL trains on "
-                                       "'sometimes': forge-convert --solve-rate MIN:MAX).")
+                           description="Per task, harness, model and policy version: scored attempts, passed, "
+                                       "pass rate and whether the policy solves it never, sometimes or always (RL "
+                                       "trains on 'sometimes': forge-convert --solve-rate MIN:MAX, which reads the "
+                                       "same rates).")
     rates.add_argument("dataset")
     rates.add_argument("--policy-version", help="only this policy version ('(none)' for untagged outcomes)")
     rates.add_argument("--harness", help="only this harness")
+    rates.add_argument("--model", help="only this model")
     cmp = sub.add_parser("compare", help="two slices paired per task, with bootstrap confidence intervals",
                          description="Compare the sessions of --a with those of --b on the tasks both hold: every "
                                      "behaviour rate, pass@k and pass^k, each side's value and B - A with percentile "
@@ -153,9 +156,9 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _pass_rates(args: argparse.Namespace) -> int:
-    rows = pass_rate_rows(connect(args.dataset), args.policy_version, args.harness)
-    label = f"policy {args.policy_version}" if args.policy_version else "every policy version"
-    print_table(rows, f"pass rates per task ({label}): {Path(args.dataset).resolve().name}")
+    scope = Scope(harness=args.harness, model=args.model, policy_version=args.policy_version)
+    rows = pass_rate_rows(connect(args.dataset), scope)
+    print_table(rows, f"pass rates per task ({scope}): {Path(args.dataset).resolve().name}")
     return 0
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
+from forgerl.schema import attempts
+
 from . import gui, kinds
 from .groups import FIXED, metrics_by, pass_curve_by
 from .reliability import pass_at_k, pass_pow_k
@@ -402,19 +404,6 @@ FROM tool_calls tc JOIN session_info si USING (session_id)
 GROUP BY ALL
 """
 
-ATTEMPTS = """
-SELECT o.session_id, o.task_id AS task, coalesce(o.harness, g.harness, 'unknown') AS harness,
-       coalesce(o.model, g.model, 'unknown') AS model, coalesce(o.policy_version, g.policy_version, '(none)')
-       AS policy_version, o.attempt, o.status, o.runner, o.reward, coalesce(o.passed, false) AS passed, g.labels
-FROM outcomes o LEFT JOIN session_groups g USING (session_id)
-WHERE o.status <> 'infra_error'
-"""
-
-TASK_PASS_RATES = """
-SELECT task, harness, policy_version, count(*) AS n, count(*) FILTER (WHERE passed) AS passed, avg(reward) AS mean_reward
-FROM attempts GROUP BY ALL
-"""
-
 PASS_K = """
 WITH r AS (
   SELECT task, harness, model, policy_version, count(*) AS n, count(*) FILTER (WHERE passed) AS c
@@ -446,10 +435,8 @@ VIEWS: tuple[View, ...] = (
          "reward, and the labels", SESSION_GROUPS),
     View("session_metrics", "every behaviour metric, one row per session", SESSION_METRICS),
     View("tool_usage", "calls per tool and kind, per harness", TOOL_USAGE),
-    View("attempts", "graded rollouts that count as attempts (infra_error excluded)", ATTEMPTS),
+    *(View(name, doc, sql) for name, doc, sql in attempts.VIEWS),
     View("pass_k", "pass@k and pass^k per task, harness, model and policy version, for k = 1..attempts", PASS_K),
-    View("task_pass_rates", "scored attempts n, passed and mean reward per task, harness and policy version "
-         "(forge-analyze pass-rates)", TASK_PASS_RATES),
     *(View(name, doc, sql) for name, doc, sql in gui.VIEWS),
     *(View(f"metrics_by_{g}", f"session metrics aggregated per {g}", metrics_by(g, g)) for g in FIXED),
     *(View(f"pass_curve_by_{g}", f"mean pass@k and pass^k over the {g}'s tasks, k up to their fewest attempts",

@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from forgerl.cli import run_verb
+from forgerl.errors import UserError
+from forgerl.schema.attempts import Scope
 
 from . import drift
 from .filters import Filters
@@ -70,8 +72,14 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--min-turns", type=int, help="samples with at least this many model calls")
     f.add_argument("--max-turns", type=int, help="samples with at most this many model calls")
     f.add_argument("--solve-rate", metavar="MIN:MAX",
-                   help="sessions of tasks whose pass rate (passed / scored attempts in the dataset's outcomes) lies "
-                        "in [MIN, MAX], e.g. 0.1:0.9 for RL on tasks solved sometimes (--to verl-rl)")
+                   help="sessions of tasks whose pass rate (passed / scored attempts in the dataset's outcomes, "
+                        "per harness, model and policy version: forge-analyze pass-rates) lies in [MIN, MAX], e.g. "
+                        "0.1:0.9 for RL on tasks solved sometimes (--to verl-rl); by default each session's task "
+                        "is rated in the session's own harness, model and policy version")
+    f.add_argument("--solve-rate-harness", metavar="H", help="--solve-rate counts the attempts in this harness")
+    f.add_argument("--solve-rate-model", metavar="M", help="--solve-rate counts the attempts of this model")
+    f.add_argument("--solve-rate-policy", metavar="V",
+                   help="--solve-rate counts the attempts of this policy version ('(none)': untagged)")
     p.add_argument("--no-dedupe", action="store_true", help="keep identical samples")
     p.add_argument("--allow-tools-absent", action="store_true",
                    help="emit training rows whose tool calls come without tool definitions (calls.tools_absent); "
@@ -94,12 +102,22 @@ def _options(args: argparse.Namespace) -> Options:
     filters = Filters(models=frozenset(args.model), since=args.since, until=args.until, min_reward=args.min_reward,
                       outcomes=frozenset(args.outcome), error_free=args.error_free, min_turns=args.min_turns,
                       max_turns=args.max_turns,
-                      solve_rate=SolveRate.parse(args.solve_rate) if args.solve_rate is not None else None)
+                      solve_rate=_solve_rate(args))
     return Options(target=args.to, mode=args.mode, tokenizer=args.tokenizer, harnesses=frozenset(args.harness),
                    filters=filters, val_fraction=args.val_fraction, dedupe=not args.no_dedupe,
                    tokens_from=args.tokens_from, shard_bytes=args.shard_mb * 1024 * 1024, agent_name=args.agent_name,
                    max_length=args.max_length, drift=args.drift, progress=not args.no_progress,
                    allow_tools_absent=args.allow_tools_absent)
+
+
+def _solve_rate(args: argparse.Namespace) -> SolveRate | None:
+    scope = Scope(harness=args.solve_rate_harness, model=args.solve_rate_model,
+                  policy_version=args.solve_rate_policy)
+    if args.solve_rate is None:
+        if scope != Scope():
+            raise UserError("--solve-rate-harness, --solve-rate-model and --solve-rate-policy need --solve-rate")
+        return None
+    return SolveRate.parse(args.solve_rate, scope)
 
 
 def _convert(args: argparse.Namespace, opts: Options) -> int:

@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .samples import Sample
-from .solve_rate import SolveRate, task_pass_rates
+from .solve_rate import PassRates, SolveRate, pass_rates
 from .source import Session
 
 
@@ -22,11 +22,11 @@ class Filters:
     min_turns: int | None = None
     max_turns: int | None = None
     solve_rate: SolveRate | None = None
-    task_rates: dict[str, float] = field(default_factory=dict)  # task -> pass rate, when solve_rate is set
+    pass_rates: PassRates = field(default_factory=PassRates)  # read when solve_rate is set
 
     def with_pass_rates(self, root: Path) -> Filters:
         """These filters with the dataset's task pass rates, which `--solve-rate` compares (read once per run)."""
-        return replace(self, task_rates=task_pass_rates(root)) if self.solve_rate else self
+        return replace(self, pass_rates=pass_rates(root, self.solve_rate.scope)) if self.solve_rate else self
 
     def session_reason(self, session: Session) -> str | None:
         """Why a session is dropped, or None to keep it."""
@@ -41,9 +41,15 @@ class Filters:
             return "outcome not in --outcome"
         if self.error_free and not all(c.ok for c in session.calls):
             return "has failed calls (--error-free)"
-        if self.solve_rate and self.task_rates.get((session.outcome or {}).get("task_id"), -1.0) not in self.solve_rate:
-            return "task pass rate outside --solve-rate (or no scored outcome)"
+        if self.solve_rate:
+            return self._solve_rate_reason(session)
         return None
+
+    def _solve_rate_reason(self, session: Session) -> str | None:
+        rate = self.pass_rates.rate(session.session_id, (session.outcome or {}).get("task_id"), self.solve_rate.scope)
+        if rate is None:
+            return "no scored attempt of its task in the --solve-rate scope"
+        return None if rate in self.solve_rate else "task pass rate outside --solve-rate"
 
     def sample_reason(self, sample: Sample) -> str | None:
         if self.models and sample.provenance()["model"] not in self.models:

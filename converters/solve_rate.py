@@ -2,40 +2,52 @@
 
 RL learns nothing from a task every rollout passes or every rollout fails
 (all advantages are zero), so training sets are cut to tasks whose pass
-rate lies in a band. A task's pass rate is its passed attempts over its
-scored attempts in the dataset's `outcomes` (infra errors are not attempts;
-`passed` is each benchmark's own pass rule, as the runners wrote it), over
-every harness and policy version the dataset holds; the other filters
-(`--since`, `--harness`, ...) choose sessions, not the attempts a rate counts.
+rate lies in a band. A pass rate belongs to one policy in one harness: it is
+a row of the dataset's `task_pass_rates` (defined once, in
+`forgerl.schema.attempts`; `forge-analyze pass-rates` prints the same rows):
+passed / scored attempts per task, harness, model and policy version (infra
+errors are not attempts; `passed` is each benchmark's own pass rule). By
+default a session is judged by its task's rate in the session's own scope
+(the harness, model and policy version of its outcome). `--solve-rate-harness`,
+`--solve-rate-model` and `--solve-rate-policy` name a part of the scope
+instead, e.g. to keep the prompts a strong model recorded by how often the
+policy being trained solves them in the harness it trains in. The other
+filters (`--since`, `--harness`, ...) choose sessions, not the attempts a rate
+counts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
 from forgerl.errors import UserError
 from forgerl.schema import duck
+from forgerl.schema.attempts import Scope, pass_rate_rows, register
 
-RATES = """
-SELECT task_id, count(*) FILTER (WHERE passed) / count(*) AS rate
-FROM outcomes WHERE status <> 'infra_error' AND task_id IS NOT NULL GROUP BY task_id
+# A session's own scope: the harness, model and policy version its outcome row was placed in.
+SESSION_SCOPES = """
+SELECT session_id, any_value(harness), any_value(model), any_value(policy_version)
+FROM outcome_scopes GROUP BY session_id
 """
+
+Key = tuple[str, str, str, str]  # task, harness, model, policy version
 
 
 @dataclass(frozen=True)
 class SolveRate:
     low: float
     high: float
+    scope: Scope = Scope()
 
     @classmethod
-    def parse(cls, text: str) -> SolveRate:
+    def parse(cls, text: str, scope: Scope = Scope()) -> SolveRate:
         """`MIN:MAX`, two rates in [0, 1] with MIN <= MAX (e.g. `0.1:0.9`); UserError otherwise."""
         low, sep, high = text.partition(":")
         try:
-            band = cls(float(low), float(high)) if sep else None
+            band = cls(float(low), float(high), scope) if sep else None
         except ValueError:
             band = None
         if band is None or not 0.0 <= band.low <= band.high <= 1.0:
@@ -46,12 +58,35 @@ class SolveRate:
         return self.low <= rate <= self.high
 
 
-def task_pass_rates(root: Path) -> dict[str, float]:
-    """Each task's pass rate over its scored attempts in the dataset."""
-    con = duck.connect(root)
+@dataclass(frozen=True)
+class PassRates:
+    """The dataset's task pass rates and each graded session's own scope, read once per run."""
+
+    rates: dict[Key, float] = field(default_factory=dict)
+    sessions: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+
+    def rate(self, session_id: str, task: str | None, scope: Scope) -> float | None:
+        """The pass rate of the session's task in `scope` (its parts left None: the session's own), or None
+        when that scope holds no scored attempt of the task."""
+        own = self.sessions.get(session_id)
+        if task is None or own is None:
+            return None
+        harness, model, policy = own
+        return self.rates.get((task, scope.harness or harness, scope.model or model, scope.policy_version or policy))
+
+
+def pass_rates(root: Path, scope: Scope) -> PassRates:
+    """The `task_pass_rates` rows in `scope` (UserError when it has none) and every session's own scope."""
+    con = register(duck.connect(root))
     try:
-        return dict(con.sql(RATES).fetchall())
+        try:
+            rows = pass_rate_rows(con, scope)
+        except UserError as e:
+            raise UserError(f"--solve-rate: {e}") from None
+        sessions = {sid: (harness, model, policy) for sid, harness, model, policy in con.sql(SESSION_SCOPES).fetchall()}
     except duckdb.Error as e:
         raise UserError(f"{root}: cannot read the outcomes for --solve-rate: {str(e).splitlines()[0]}") from None
     finally:
         con.close()
+    return PassRates({(r["task"], r["harness"], r["model"], r["policy_version"]): r["pass_rate"] for r in rows},
+                     sessions)

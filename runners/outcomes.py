@@ -25,8 +25,8 @@ FINISHED = ("success", "failed", "timeout")
 def outcome_rows(root: Path, harness: str, policy_version: str) -> list[dict]:
     if not (root / MANIFEST).exists():
         return []
-    rows = read_table(root, "outcomes", ["task_id", "attempt", "harness", "policy_version", "status", "reward",
-                                          "passed"]).to_pylist()
+    rows = read_table(root, "outcomes", ["task_id", "attempt", "harness", "model", "policy_version", "status",
+                                          "reward", "passed"]).to_pylist()
     return [r for r in rows if r["harness"] == harness and (r["policy_version"] or "") == policy_version]
 
 
@@ -37,8 +37,8 @@ def finished(root: Path, harness: str, policy_version: str) -> set[tuple[str, in
 
 
 def pass_table(rows: list[dict], k: int, tasks: dict[str, Task] | None = None) -> list[dict]:
-    """Per task: n scored attempts, c passed, mean reward, pass@1, pass@k, pass^k (None when n < k, unless the
-    task's benchmark counts missing trials as failed)."""
+    """Per task: its outcomes' model(s), n scored attempts, c passed, mean reward, pass@1, pass@k, pass^k (None
+    when n < k, unless the task's benchmark counts missing trials as failed)."""
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_task[r["task_id"]].append(r)
@@ -48,7 +48,8 @@ def pass_table(rows: list[dict], k: int, tasks: dict[str, Task] | None = None) -
         n, c = len(scored), sum(bool(r["passed"]) for r in scored)
         pad = tasks is not None and task in tasks and tasks[task].missing_trials_fail
         trials = counting_missing(n, k) if pad else n
-        table.append({"task": task, "n": n, "passed": c, "infra": len(runs) - n,
+        table.append({"task": task, "model": ", ".join(sorted({r.get("model") or "unknown" for r in runs})),
+                      "n": n, "passed": c, "infra": len(runs) - n,
                       "mean_reward": sum(r["reward"] for r in scored) / n if n else None,
                       "pass@1": pass_at_k(n, c, 1) if n else None,
                       f"pass@{k}": pass_at_k(trials, c, k) if trials >= k else None,
@@ -63,7 +64,8 @@ def pass_rules(tasks: list[Task]) -> list[str]:
 
 def rate_rows(table: list[dict], harness: str, policy_version: str) -> list[dict]:
     """`pass_table`'s tasks with a scored attempt, as the rows of `analysis.pass_rates` (forge-run's closing table)."""
-    return [{"task": r["task"], "harness": harness, "policy_version": policy_version or "(none)", "n": r["n"],
+    return [{"task": r["task"], "harness": harness, "model": r["model"], "policy_version": policy_version or "(none)",
+             "n": r["n"],
              "passed": r["passed"], "pass_rate": r["passed"] / r["n"], "mean_reward": r["mean_reward"]}
             for r in table if r["n"]]
 
