@@ -8,7 +8,10 @@ either. The phases, in order:
    paths and a verifier: Harbor tasks), the sandbox, the harness's command,
    and the jail confined with the task's services up (`Sandbox.confine`);
 2. run: the harness, under `slot` (the local runner's bound on harnesses
-   running at once);
+   running at once); for a task with a persona and a user model, once per
+   round of the dialogue with its simulated user (`simulated_user.py`), each
+   round a jail of its own resuming the harness's session in the same
+   workspace and HOME, the agent's time shared by all rounds;
 3. collect: the verifier's verdict, the final answer, the services' state;
 4. grade: once the recorder has the session's calls on disk (`grade_session`).
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .grading import GradeInput, Judge
@@ -30,6 +33,7 @@ from .harnesses import Harness, RunContext
 from .rollout import InfraError, grade_session, prepare_workspace, verdict_of
 from .sandbox import Result, Sandbox
 from .services import WALL_CLOCK_GRACE_S, service_notes
+from .simulated_user import SimulatedUser, UserModel, UserModelError, hold_dialogue
 from .tasks import Task
 from .verifier import Layout, Verdict
 
@@ -57,6 +61,7 @@ class AttemptConfig:
     judge: Judge | None = None  # for graders with LLM-judged parts (ClawEval)
     isolate_network: bool = True  # False: the harness is only pointed at the recorder
     in_pod: bool = False  # a Kubernetes pod: the network is the pod's, the task's image is the filesystem
+    user: UserModel | None = None  # plays the simulated user of tasks with a persona
 
 
 @dataclass
@@ -94,22 +99,44 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     agent_s = config.timeout_s or task.timeout_s
     # In a pod the NetworkPolicy isolates the network: namespaces only where the task needs them.
     isolate = bool(layout or task.services) if config.in_pod else config.isolate_network
-    with Sandbox(rollout_dir, config.recorder_url, isolate) as sandbox:
-        ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, config.model, dict(config.keys),
-                         mcp_servers=task.mcp_servers)
-        argv, harness_env = config.harness.full_command(config.exe, ctx)
-        env = config.base_env | (layout.env if layout else {}) | harness_env
-        try:  # confined before a harness slot frees, so the harness starts the moment one does
-            sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
-                            harness_timeout_s=agent_s, services=task.services)
-            timings["setup"] = round(time.monotonic() - clock, 4)
-            clock = time.monotonic()
-            # 2. run the harness
-            with slot:
-                timings["queued"] = round(time.monotonic() - clock, 4)
-                result = sandbox.run(_wall_clock_s(task, layout, agent_s))
-        except OSError as e:
-            raise InfraError(f"sandbox failed to start: {e}") from None
+    runs: list[tuple[Result, Sandbox, RunContext]] = []
+
+    def run_harness(reply: str | None) -> str | None:
+        """One run of the harness in a jail of its own: on the prompt, or with `reply` resuming its session; its
+        final answer (None when it failed or ran out of time)."""
+        start, left = time.monotonic(), max(agent_s - sum(r.seconds for r, _, _ in runs), 1.0)
+        jail_dir = rollout_dir / f"round-{len(runs)}" if runs else rollout_dir  # its logs and recorder socket
+        jail_dir.mkdir(exist_ok=True)
+        with Sandbox(jail_dir, config.recorder_url, isolate) as sandbox:
+            ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, config.model, dict(config.keys),
+                             mcp_servers=task.mcp_servers)
+            argv, harness_env = config.harness.full_command(config.exe, ctx, reply)
+            env = config.base_env | (layout.env if layout else {}) | harness_env
+            try:  # confined before a harness slot frees, so the harness starts the moment one does
+                sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
+                                harness_timeout_s=left, services=task.services)
+                _add(timings, "setup", (clock if not runs else start), time.monotonic())
+                start = time.monotonic()
+                # 2. run the harness
+                with slot:
+                    _add(timings, "queued", start, time.monotonic())
+                    result = sandbox.run(_wall_clock_s(task, layout, left))
+            except OSError as e:
+                raise InfraError(f"sandbox failed to start: {e}") from None
+        runs.append((result, sandbox, ctx))
+        answer = config.harness.final_answer(result.stdout, ctx)
+        return None if result.returncode or result.timed_out else answer
+
+    notes: dict = {}
+    if task.persona and config.user:
+        try:
+            notes["user_agent"] = hold_dialogue(run_harness, task.persona, SimulatedUser(config.user)).meta()
+        except UserModelError as e:
+            raise InfraError(str(e)) from None
+    else:
+        run_harness(None)
+    last, sandbox, ctx = runs[-1]
+    result = replace(last, seconds=sum(r.seconds for r, _, _ in runs))  # the last run's status, every run's time
     timings["harness"] = round(result.seconds, 4)
     clock = time.monotonic()
     # 3. collect
@@ -122,7 +149,12 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     scores = grade_session(task, run, config.recorder_url)
     timings["grade"] = round(time.monotonic() - clock, 4)
     return Finished(scores, result, final_answer, ctx, sandbox.enforced, _timed_out(verdict, result, state),
-                    notes={**(layout.outcome_notes(verdict) if layout else {}), **service_notes(state)})
+                    notes={**(layout.outcome_notes(verdict) if layout else {}), **service_notes(state), **notes})
+
+
+def _add(timings: dict[str, float], phase: str, start: float, end: float) -> None:
+    """Add a phase's seconds (a dialogue's rounds each set up, queue and run the harness)."""
+    timings[phase] = round(timings.get(phase, 0.0) + end - start, 4)
 
 
 def _wall_clock_s(task: Task, layout: Layout | None, agent_s: float) -> float:

@@ -69,6 +69,7 @@ from .harnesses import HARNESSES, get_harness
 from .policy import PolicyVersionError, PolicyVersionSource
 from .rollout import Rollout
 from .serve import policy_recorder
+from .simulated_user import UserModel, refusal
 from .tasks import Task, load_tasks
 
 
@@ -82,13 +83,20 @@ def _tools_help() -> str:
     """The --help epilog: how ClawEval tasks run, and how each harness is given their tools over MCP."""
     wiring = "\n".join(f"  {name}: {h.mcp_wiring or 'no MCP client: tasks with MCP tools cannot run in it'}"
                        for name, h in sorted(HARNESSES.items()))
+    resuming = "\n".join(f"  {name}: {h.resumes or 'cannot resume: tasks with a simulated user cannot run in it'}"
+                         for name, h in sorted(HARNESSES.items()))
     return ("ClawEval (a folder with tasks/*/task.yaml beside mock_services/, one task folder, or a task.yaml): each\n"
             "rollout starts the task's mock services in its own network namespace (so their fixed ports never\n"
             "clash), and the harness gets the task's tools from an MCP server named `claweval` (python -m\n"
             "forgerl.runners.kinds.claweval_mcp TASK_YAML) that calls the services. The task's own grader.py\n"
             "scores the recorded conversation and the services' audit logs; a trial passes at task score >=\n"
-            "0.75. Tasks needing a simulated user are skipped; those needing the live web are infra_error.\n"
-            "MCP servers per harness:\n" + wiring)
+            "0.75. Those needing the live web are infra_error.\n"
+            "Tasks with a simulated user (user_agent persona) need --user-model: ClawEval's own UserAgent answers\n"
+            "each final answer of the harness, and its reply (unless [DONE], or max_rounds replies were sent) goes\n"
+            "to the same harness session as the next user turn, prefixed [user_agent]; the grader reads the whole\n"
+            "dialogue, outcomes.extra.user_agent says rounds_used, max_rounds, done_reached. Without --user-model\n"
+            "they are skipped. How each harness resumes its session:\n" + resuming +
+            "\nMCP servers per harness:\n" + wiring)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "parts of ClawEval graders (key from FORGE_JUDGE_API_KEY or OPENAI_API_KEY); without it they "
                    "score 0 and outcomes say 'not graded'")
     p.add_argument("--judge-model", default="", metavar="M", help="with --judge: the judge's model name")
+    p.add_argument("--user-model", default="", metavar="URL", help="an OpenAI-compatible API base for the "
+                   "simulated user of tasks with a persona (ClawEval user_agent; key from FORGE_USER_MODEL_API_KEY or "
+                   "OPENAI_API_KEY); without it those tasks are skipped")
+    p.add_argument("--user-model-name", default="", metavar="M", help="with --user-model: its model name")
     p.add_argument("--no-network-isolation", action="store_true",
                    help="local runner: do not put harnesses in a network namespace")
     p.add_argument("--recorder-url", default="", help="use this running recorder instead of starting one "
@@ -153,12 +165,16 @@ def _select(tasks: list[Task], ids: list[str]) -> list[Task]:
     return [t for t in tasks if t.id in ids]
 
 
-def _runnable(tasks: list[Task]) -> list[Task]:
-    """The tasks without a reason to skip them; each skipped one is said on stderr."""
+def _runnable(tasks: list[Task], persona_refusal: str) -> list[Task]:
+    """The tasks without a reason to skip them (tasks with a persona: `persona_refusal`); each skipped one is said
+    on stderr."""
+    kept = []
     for task in tasks:
-        if task.skip:
-            print(f"forge-run: skipping {task.id}: {task.skip}", file=sys.stderr)
-    kept = [t for t in tasks if not t.skip]
+        skip = task.skip or (persona_refusal if task.persona else "")
+        if skip:
+            print(f"forge-run: skipping {task.id}: {skip}", file=sys.stderr)
+        else:
+            kept.append(task)
     if not kept:
         raise UserError("every selected task is skipped (see above)")
     return kept
@@ -171,7 +187,8 @@ def _runner(args: argparse.Namespace, recorder_url: str):
         from .local import LocalRunner
         return LocalRunner(harness, recorder_url, Path(args.out), parallel=args.parallel, retries=args.retries,
                            isolate_network=not args.no_network_isolation, model=model, timeout_s=args.timeout,
-                           judge=Judge(args.judge, args.judge_model) if args.judge else None)
+                           judge=Judge(args.judge, args.judge_model) if args.judge else None,
+                           user=_user_model(args))
     from .kubernetes import KubernetesRunner, api_client, load_template
     template = load_template(Path(args.pod_template)) if args.pod_template else load_template()
     return KubernetesRunner(harness, recorder_url, api_client(args.kube_api, args.kubeconfig),
@@ -179,6 +196,10 @@ def _runner(args: argparse.Namespace, recorder_url: str):
                             pod_tasks=args.pod_tasks, pod_dataset=args.pod_dataset, parallel=args.parallel,
                             image_registry=args.image_registry,
                             retries=args.retries, model=model, timeout_s=args.timeout)
+
+
+def _user_model(args: argparse.Namespace) -> UserModel | None:
+    return UserModel(args.user_model, args.user_model_name) if args.user_model else None
 
 
 def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) -> int:
@@ -255,7 +276,10 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
     if bool(args.judge) != bool(args.judge_model):
         raise UserError("--judge URL and --judge-model M go together")
-    tasks = _runnable(_select(load_tasks(args.tasks), args.task))
+    if bool(args.user_model) != bool(args.user_model_name):
+        raise UserError("--user-model URL and --user-model-name M go together")
+    persona_refusal = refusal(_user_model(args), get_harness(args.harness), args.runner)
+    tasks = _runnable(_select(load_tasks(args.tasks), args.task), persona_refusal)
     get_harness(args.harness).find()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     return watch(args, tasks) if args.watch else run_round(args, tasks, "")

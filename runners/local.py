@@ -23,6 +23,7 @@ from .attempt import AttemptConfig, inherited, run_attempt
 from .grading import Judge
 from .harnesses import Harness
 from .rollout import BatchRunner, Outcome, Rollout, now
+from .simulated_user import UserModel
 
 STDERR_TAIL = 4000
 
@@ -41,6 +42,7 @@ class LocalRunner(BatchRunner):
     name: str = "local"
     workdir: Path | None = None  # where rollout temp dirs go (default: the system's temp dir)
     judge: Judge | None = None  # for graders with LLM-judged parts (ClawEval)
+    user: UserModel | None = None  # the simulated user of tasks with a persona (ClawEval user_agent)
     exe: str = ""  # the harness CLI, found when a batch starts
     pipelined = True
 
@@ -63,7 +65,7 @@ class LocalRunner(BatchRunner):
         t_start = now()
         config = AttemptConfig(self.harness, self.exe, self.recorder_url, self.dataset, model=self.model,
                                keys=dict(self.env), base_env=inherited(os.environ), timeout_s=self.timeout_s,
-                               judge=self.judge, isolate_network=self.isolate_network)
+                               judge=self.judge, isolate_network=self.isolate_network, user=self.user)
         done = run_attempt(config, rollout.task, session, tmp, self.harness_slot, timings)
         extra = {**done.extra(), "harness_transcript": self.harness.own_transcript(done.ctx),
                  "stderr_tail": done.result.stderr[-STDERR_TAIL:] or None, "timings": timings}

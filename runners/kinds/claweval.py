@@ -21,8 +21,12 @@ package, installed from the benchmark folder). A rollout of it
 Tasks that cannot run here load all the same and become `infra_error` with
 the reason (never a 0): those whose services call the live web
 (`mock_services/web_real*`), whose fixtures this copy lacks, or that need a
-sandbox snapshot (`env_snapshot_*`). Tasks with a `user_agent` persona need a
-simulated user, which forge-run does not provide: they are skipped, and said so.
+sandbox snapshot (`env_snapshot_*`), or that would need their services kept
+across a simulated user's rounds. Tasks with a `user_agent` persona hold a
+dialogue with a simulated user (`runners/simulated_user.py`) when forge-run
+is given a user model, its `system_prompt_suffix` (the agent's instructions
+for such a dialogue, which ClawEval appends to its system prompt) after the
+prompt; without one they are skipped, and said so.
 
 Accepted paths: the benchmark folder (holding `tasks/*/task.yaml`), one
 task's folder, or its `task.yaml`.
@@ -41,6 +45,7 @@ from ..forkserver import ForkError, fork_call
 from ..grading import GRADER_TIMEOUT_S, NOT_GRADED, GradeInput, GradingError, Reward
 from ..harnesses.base import McpServer
 from ..services import Service
+from ..simulated_user import Persona
 from ..tasks import Task, TaskError, WorkspaceFile
 
 if TYPE_CHECKING:
@@ -65,6 +70,8 @@ class ClawEvalTask(Task):
     benchmark: ClassVar[str] = "ClawEval"
     pass_threshold: ClassVar[float] = 0.75  # claw_eval.models.scoring.is_pass's threshold
     missing_trials_fail: ClassVar[bool] = True  # score_summary.py pads each task's trials with 0
+    offline_ungradable: ClassVar[str] = ("its grader reads the recorded session's tool dispatches and the services' "
+                                         "audit data after the run")
 
     def pass_rule(self) -> str:
         return (f"{self.benchmark}: passes at task score >= {self.pass_threshold:g} (compute_task_score); missing "
@@ -158,7 +165,19 @@ def _unavailable(definition: TaskDefinition, files: tuple[WorkspaceFile, ...]) -
         return f"fixtures missing from this copy of ClawEval: {', '.join(missing)}"
     if definition.env_snapshot_files or definition.env_snapshot_commands:
         return "its grader reads a sandbox snapshot (env_snapshot_files/commands), which forge-run does not take"
+    if definition.user_agent.enabled and definition.services:
+        return ("its simulated user's rounds each run the harness afresh, and its services would not keep their "
+                "state between rounds")
     return ""
+
+
+def _persona(definition: TaskDefinition) -> tuple[str, Persona | None]:
+    """The prompt the harness gets, and the task's simulated user (None: it has none)."""
+    config, prompt = definition.user_agent, definition.prompt.text
+    if not config.enabled:
+        return prompt, None
+    suffix = config.system_prompt_suffix.strip()
+    return (f"{prompt}\n\n{suffix}" if suffix else prompt), Persona(config.persona, config.max_rounds, prompt)
 
 
 def load_one(task_file: Path) -> ClawEvalTask:
@@ -171,13 +190,12 @@ def load_one(task_file: Path) -> ClawEvalTask:
     root = _benchmark_root(task_dir)
     files = tuple(WorkspaceFile(task_dir / rel, rel) for rel in definition.sandbox_files)
     mcp = McpServer("claweval", (sys.executable, "-m", "forgerl.runners.kinds.claweval_mcp", str(task_file.resolve())))
-    skip = "needs a simulated user (user_agent persona), and forge-run has no user model" \
-        if definition.user_agent.enabled else ""
-    return ClawEvalTask(id=definition.task_id, prompt=definition.prompt.text, grader="", path=task_file.resolve(),
+    prompt, persona = _persona(definition)
+    return ClawEvalTask(id=definition.task_id, prompt=prompt, grader="", path=task_file.resolve(),
                         files=files, timeout_s=float(definition.environment.timeout_seconds),
                         services=tuple(_service(s, root, task_file) for s in definition.services),
                         mcp_servers=(mcp,) if definition.tools else (), unavailable=_unavailable(definition, files),
-                        skip=skip, definition=definition, root=root)
+                        persona=persona, definition=definition, root=root)
 
 
 def load(path: Path) -> list[Task]:
