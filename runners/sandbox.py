@@ -183,7 +183,12 @@ class Sandbox:
         return read_state(self.tmp / SERVICE_STATE)
 
     def run(self, timeout_s: float) -> Result:
-        """Start the confined harness; run it to completion or timeout, then kill what is left and release."""
+        """Start the confined harness; run it to completion or timeout, then kill what is left of the jail.
+
+        The cgroup is swept when the sandbox is left (`release`), not here: the
+        jail's last process may take a few ms to leave it, and a caller holding a
+        harness slot around `run` should not wait for that.
+        """
         start = time.monotonic()
         answer = None
         try:
@@ -192,27 +197,32 @@ class Sandbox:
         except (ForkError, OSError) as e:
             raise OSError(f"the jail died without a status: {e}") from None
         finally:
-            self.release(answer)
+            self._end_job(answer)
         return Result(returncode=None if answer is None else answer["returncode"], timed_out=answer is None,
                       stdout=(self.tmp / "stdout.log").read_text(errors="replace"),
                       stderr=(self.tmp / "stderr.log").read_text(errors="replace"),
                       seconds=time.monotonic() - start)
 
-    def release(self, answer: dict | None = None) -> None:
-        """Kill the jail's process group unless it answered, then drop the cgroup (once)."""
-        job, self._job = self._job, None
-        if job is not None:
-            if answer is None:
-                _killpg(job.pid, signal.SIGTERM)
-                try:
-                    job.answer(KILL_GRACE_S)
-                except ForkError:
-                    pass
-                _killpg(job.pid, signal.SIGKILL)
-            job.close()
+    def release(self) -> None:
+        """Kill the jail's process group if it is still there, then drop the cgroup (once)."""
+        self._end_job(None)
         cgroup, self._cgroup = self._cgroup, None
         if cgroup is not None:
             _sweep_cgroup(cgroup)
+
+    def _end_job(self, answer: dict | None) -> None:
+        """Kill the jail's process group unless it answered (once)."""
+        job, self._job = self._job, None
+        if job is None:
+            return
+        if answer is None:
+            _killpg(job.pid, signal.SIGTERM)
+            try:
+                job.answer(KILL_GRACE_S)
+            except ForkError:
+                pass
+            _killpg(job.pid, signal.SIGKILL)
+        job.close()
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -224,7 +234,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 def _sweep_cgroup(path: Path, deadline_s: float = 5.0) -> None:
     """Kill every process still in the cgroup (even ones that left the process group), then remove it."""
-    deadline = time.monotonic() + deadline_s
+    deadline, pause = time.monotonic() + deadline_s, 0.001
     while time.monotonic() < deadline:
         try:
             pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
@@ -238,5 +248,6 @@ def _sweep_cgroup(path: Path, deadline_s: float = 5.0) -> None:
         try:
             path.rmdir()
             return
-        except OSError:
-            time.sleep(0.05)
+        except OSError:  # its last processes are still leaving (a jail that just answered takes ~1 ms)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
