@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=2, help="retries of an infra failure (default 2)")
     p.add_argument("--task", action="append", default=[], metavar="ID", help="only these task ids (repeatable)")
     p.add_argument("--judge", default="", metavar="URL", help="an OpenAI-compatible API base for the LLM-judged "
-                   "parts of ClawEval graders (key from FORGE_JUDGE_API_KEY or OPENAI_API_KEY); without it they "
-                   "score 0 and outcomes say 'not graded'")
+                   "parts of ClawEval graders (key from FORGE_JUDGE_API_KEY or OPENAI_API_KEY; on Kubernetes "
+                   "the pods' own, from the pod template's Secret); without it they score 0 and outcomes say "
+                   "'not graded'")
     p.add_argument("--judge-model", default="", metavar="M", help="with --judge: the judge's model name")
     p.add_argument("--user-model", default="", metavar="URL", help="an OpenAI-compatible API base for the "
                    "simulated user of tasks with a persona (ClawEval user_agent; key from FORGE_USER_MODEL_API_KEY or "
@@ -195,7 +196,8 @@ def _runner(args: argparse.Namespace, recorder_url: str):
                             namespace=args.namespace, template=template, image=args.image,
                             pod_tasks=args.pod_tasks, pod_dataset=args.pod_dataset, parallel=args.parallel,
                             image_registry=args.image_registry,
-                            retries=args.retries, model=model, timeout_s=args.timeout)
+                            retries=args.retries, model=model, timeout_s=args.timeout,
+                            judge=Judge(args.judge, args.judge_model) if args.judge else None)
 
 
 def _user_model(args: argparse.Namespace) -> UserModel | None:
