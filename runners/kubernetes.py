@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from forgerl.recorder.writer_process import RecorderFailure
 
+from .grading import Judge
 from .harnesses import Harness
 from .pod import RECORDER_FAILURE, RESULT_KEYS
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
@@ -105,6 +106,7 @@ class KubernetesRunner(BatchRunner):
     deadline_grace_s: float = DEADLINE_GRACE_S
     name: str = "kubernetes"
     image_registry: str = ""  # where images built from Harbor tasks' environment/ are pushed
+    judge: Judge | None = None  # its URL and model go to the pods; its key comes from the template (a Secret)
 
     retry_backoff_s: float = RETRY_BACKOFF_S
 
@@ -136,6 +138,10 @@ class KubernetesRunner(BatchRunner):
                      "FORGE_HARNESS": self.harness.name, "FORGE_SESSION_ID": session,
                      "FORGE_RECORDER_URL": self.recorder_url, "FORGE_DATASET": self.pod_dataset,
                      "FORGE_MODEL": self.model, "FORGE_TIMEOUT_S": str(timeout)}
+        if self.judge:
+            forge_env |= {"FORGE_JUDGE_URL": self.judge.url, "FORGE_JUDGE_MODEL": self.judge.model}
+        if task.services:  # started in the jail's own namespaces inside the pod
+            allow_namespaces(container)
         env = [e for e in container.get("env", []) if e.get("name") not in forge_env]
         container["env"] = env + [{"name": k, "value": v} for k, v in forge_env.items()]
         limits = {"cpu": str(max(1, task.cpu_s // max(1, int(timeout)))), "memory": f"{task.memory_mb}Mi"}
@@ -220,7 +226,7 @@ class KubernetesRunner(BatchRunner):
 def in_task_image(spec: dict, container: dict, image: str) -> None:
     """Run the pod entry in the task's own image (a Harbor task's): an init container copies the rollout image's
     self-contained forgerl (`FORGERL_BUNDLE`: its own Python, forgerl, the harness CLIs) into a volume the task's
-    container runs it from; the jail's namespaces (a fresh /tests and /logs/verifier) need CAP_SYS_ADMIN."""
+    container runs it from; the jail's namespaces (a fresh /tests and /logs/verifier) need `allow_namespaces`."""
     spec.setdefault("initContainers", []).append({
         "name": "forgerl", "image": container["image"], "command": ["cp", "-a", f"{FORGERL_BUNDLE}/.", FORGERL_MOUNT],
         "volumeMounts": [{"name": "forgerl", "mountPath": FORGERL_MOUNT}]})
@@ -228,8 +234,13 @@ def in_task_image(spec: dict, container: dict, image: str) -> None:
     container["image"] = image
     container["command"] = [f"{FORGERL_MOUNT}/bin/python3", "-m", "forgerl.runners.pod"]
     container.setdefault("volumeMounts", []).append({"name": "forgerl", "mountPath": FORGERL_MOUNT, "readOnly": True})
-    security = container.setdefault("securityContext", {})
-    capabilities = security.setdefault("capabilities", {})
+    allow_namespaces(container)
+
+
+def allow_namespaces(container: dict) -> None:
+    """Let the pod's jail make its namespaces (a Harbor task's mounts and verifier, a task's services): the
+    container gets CAP_SYS_ADMIN (a runtime's AppArmor profile may also have to allow `mount`)."""
+    capabilities = container.setdefault("securityContext", {}).setdefault("capabilities", {})
     capabilities["add"] = sorted({*capabilities.get("add", []), "SYS_ADMIN"})
 
 

@@ -12,7 +12,10 @@ rollout's state file before the services are stopped:
      "agent_timed_out": true}   # the last two only when so
 
 With services, PID 1 keeps the harness's clock (`JailSpec.harness_timeout_s`):
-an agent past its time is stopped there, and the state is still read.
+an agent past its time is stopped there, and the state is still read. The
+harness (and a verifier) run in a PID namespace nested in PID 1's, so every
+process the agent leaves is gone before the state is read, and none can
+pass as a service.
 
 A service that cannot start (exits, or misses its health check) ends the
 rollout before the harness runs, with `{"error": "..."}` in the state file:

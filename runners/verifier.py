@@ -10,7 +10,8 @@ verifier then writes none, that reward stands (reward preemption). Here:
   only after it (the agent cannot see or change them);
 * when the agent exits or runs out of time, PID 1 of the rollout's PID
   namespace kills every other process in it, so nothing of the agent's is
-  left to write later;
+  left to write later (a task's services live in the namespace above it,
+  `jail._with_services`, and stay up for the verifier);
 * `/logs/verifier` is then a new empty directory of this rollout's,
   bound over whatever the agent saw there (`fresh_dir`: a planted file,
   directory or symlink is removed first), and the verifier runs;

@@ -87,7 +87,10 @@ def test_task_toml_loads_as_harbor_reads_it():
     assert harbor.load_task(HARBOR / "checks-json").memory_mb == 1024  # the deprecated memory = "1G"
     slow = harbor.load_task(HARBOR / "slow-verifier")
     assert slow.docker_image == "ghcr.io/example/slow-verifier:1" and slow.memory_mb == harbor.MEMORY_MB
-    assert sorted(t.id for t in load_tasks(HARBOR)) == ["checks-json", "guarded", "hello", "slow-verifier"]
+    assert sorted(t.id for t in load_tasks(HARBOR)) == ["checks-json", "guarded", "hello", "slow-verifier", "tally"]
+    [tally] = harbor.load_task(HARBOR / "tally").services
+    assert (tally.name, tally.port, tally.health_path, tally.state_paths) == ("tally", 9301, "/health", ("/state",))
+    assert tally.argv[1:] == ("services/tally.py", "--port", "9301") and tally.cwd == str((HARBOR / "tally").resolve())
 
 
 def test_a_task_without_its_verifier_is_a_task_error(tmp_path):
@@ -184,6 +187,43 @@ def test_an_agent_cannot_write_the_reward_ahead_of_the_verifier(stack):
     assert outcome.scores == {"reward": 0.0} and outcome.status == "failed"
     assert "wrote no reward" in outcome.extra["verifier"]["error"]
     assert rollout_processes("sleep 4") == []
+
+
+# Marks the tally service (attempt 0: three times, attempt 1: twice), then leaves a process behind that serves
+# port 9302 and, a second later, marks the tally once more: neither may outlive the agent.
+TALLY_AGENT = """
+import os, subprocess, sys, urllib.request
+def mark():
+    urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:9301/add", method="POST", data=b""), timeout=5)
+for _ in range(3 if "-a0-" in os.environ["FORGE_SESSION_ID"] else 2):
+    mark()
+LEFT = '''
+import socket, time, urllib.request
+server = socket.create_server(("127.0.0.1", 9302))
+time.sleep(1)
+urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:9301/add", method="POST", data=b""), timeout=5)
+while True:
+    server.accept()[0].close()
+'''
+subprocess.Popen([sys.executable, "-c", LEFT], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+"""
+
+
+def test_services_stay_up_through_the_verifier_and_the_agents_processes_do_not(stack):
+    """Two rollouts at once, each with its own tally service on port 9301: the verifier reads the service's state
+    after the agent, and finds neither the process the agent left serving port 9302 nor its late mark."""
+    outcomes = run(stack, "tally", agent(TALLY_AGENT), attempts=2, parallel=2)
+    by_attempt = {o.rollout.attempt: o for o in outcomes}
+    solved, short = by_attempt[0], by_attempt[1]
+    assert solved.status == "success", (solved.error, solved.extra.get("verifier"), solved.extra.get("stderr_tail"))
+    assert solved.scores == {"service_up": 1.0, "three_marks": 1.0, "no_impostor": 1.0, "reward": 1.0}
+    assert short.status == "failed" and short.scores == {"service_up": 1.0, "three_marks": 0.0, "no_impostor": 1.0,
+                                                         "reward": 0.0}
+    for outcome in outcomes:  # the state was read once more after the verifier, the service still up
+        assert outcome.extra["services_read"] == {"tally": ["/state"]} and "services_unread" not in outcome.extra
+        assert any("services in the rollout's network namespace: tally" in e for e in outcome.extra["enforced"])
+    assert rollout_processes("socket.create_server") == []
 
 
 def test_no_namespaces_is_an_infra_error_with_the_reason(stack):

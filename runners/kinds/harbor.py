@@ -8,13 +8,20 @@
       tests/test.sh        the verifier: writes /logs/verifier/reward.txt (a number) or reward.json ({name: number})
       solution/solve.sh    optional reference solution
 
+    [[forgerl.services]]   forgerl's extension (Harbor ignores tables it does not know): a process the agent and
+    name = "tally"         the verifier reach on a fixed loopback port, run from the task folder (`python3` is the
+    command = ["python3", "services/tally.py", "--port", "9301"]     runner's interpreter); optional
+    port = 9301            health_path (default "/"), reset_path, state_paths (read into the outcome at the end)
+    health_path = "/health"
+
 `task.toml` is read with `tomllib` and its fields mean what they mean in
 Harbor (`harbor.models.task.config`; Harbor itself needs Python >= 3.12 and
 pulls in litellm and supabase, so it is not a dependency): an unset agent
 timeout is forgerl's default, the verifier's is 600 s, memory 2048 MiB.
 
 The agent runs, then `bash /tests/test.sh` in the same jail with the
-verifier's own timeout (`runners/verifier.py`, which also says why the agent
+verifier's own timeout; the task's services (`runners/services.py`), started
+before the agent, stay up through the verifier, which may read their state (`runners/verifier.py`, which also says why the agent
 cannot write the reward ahead of the verifier). Scores are every numeric key
 of the reward (`reward.txt` is `{"reward": x}`); the reward is the `reward`
 key, else the mean of the keys; a trial passes at reward 1.0. A verifier that
@@ -40,11 +47,13 @@ import glob
 import hashlib
 import os
 import shlex
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..grading import GradeInput, GradingError, Reward
+from ..services import Service
 from ..tasks import DEFAULT_TIMEOUT_S, Task, TaskError, WorkspaceFile
 from ..verifier import LOGS_VERIFIER, TESTS, Layout, VerifierStage
 
@@ -75,6 +84,7 @@ class HarborTask(Task):
 
     benchmark = "Harbor"
     pass_threshold = 1.0
+    offline_ungradable = "its verifier (tests/test.sh) checks the environment the agent left"
 
     verifier_timeout_s: float = VERIFIER_TIMEOUT_S
     verifier_env: dict[str, str] = field(default_factory=dict)
@@ -128,6 +138,26 @@ def _table(spec: dict, name: str, where: Path) -> dict:
     return value
 
 
+def _services(spec: dict, task_dir: Path, where: Path) -> tuple[Service, ...]:
+    """The `[[forgerl.services]]` tables: processes run from the task folder on fixed loopback ports."""
+    raw = _table(spec, "forgerl", where).get("services", [])
+    services = []
+    try:
+        for table in raw:
+            argv = [str(a) for a in table["command"]]
+            if argv[0] in ("python", "python3"):
+                argv[0] = sys.executable
+            services.append(Service(str(table["name"]), tuple(argv), int(table["port"]),
+                                    cwd=str(task_dir.resolve()),
+                                    health_path=str(table.get("health_path", "/")),
+                                    reset_path=str(table.get("reset_path", "")),
+                                    state_paths=tuple(str(p) for p in table.get("state_paths", ()))))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise TaskError(f"{where}: [[forgerl.services]] needs name, command (a list) and port "
+                        f"({type(e).__name__}: {e})") from None
+    return tuple(services)
+
+
 def _memory_mb(environment: dict, where: Path) -> int:
     """`memory_mb`, or the deprecated `memory = "2G"` / "512M" Harbor still reads."""
     if "memory_mb" in environment:
@@ -167,7 +197,7 @@ def load_task(task_dir: Path) -> HarborTask:
         verifier_env={str(k): str(v) for k, v in verifier.get("env", {}).items()},
         docker_image=str(environment.get("docker_image") or ""), cpus=int(environment.get("cpus", 1)),
         allow_internet=bool(environment.get("allow_internet", True)), workdir=image.workdir, env=image.env,
-        not_honoured=tuple(image.skipped))
+        not_honoured=tuple(image.skipped), services=_services(spec, task_dir, where))
 
 
 @dataclass
