@@ -262,14 +262,15 @@ def _bench(tmp_path: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
 def test_c01zh_dialogues_end_to_end(tmp_path, harness):
-    """Both dialogues through the real harness, resumed in its own session for each user turn: one reaches
+    """Both dialogues (at once) through the real harness, resumed in its own session for each user turn: one reaches
     [DONE] after 2 rounds, one runs out of rounds; the task's own grader scores the whole dialogue (user turns
     prefixed as ClawEval's loop logs them), the outcome says how the rounds went, and every call of a dialogue
     continues one thread."""
     shown = Models()
     with ScriptedUpstream(shown) as up:
         r = subprocess.run([FORGE_RUN, str(_bench(tmp_path)), "--harness", harness, "--upstream", up.url,
-                            "--model", HARNESS_MODELS[harness], "--retries", "0", "--out", str(tmp_path / "data"),
+                            "--model", HARNESS_MODELS[harness], "--parallel", "2", "--retries", "0",
+                            "--out", str(tmp_path / "data"),
                             "--judge", f"{up.url}/v1", "--judge-model", JUDGE_MODEL,
                             "--user-model", f"{up.url}/v1", "--user-model-name", USER_MODEL],
                            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
