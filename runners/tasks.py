@@ -87,6 +87,10 @@ class Task:
     benchmark: ClassVar[str] = "QwenClawBench / TOML"  # named in pass@k tables beside its pass rule
     pass_threshold: ClassVar[float] = 1.0  # a trial passes at reward >= this (QwenClawBench: only 1.0)
     missing_trials_fail: ClassVar[bool] = False  # pass@k / pass^k count a task's missing trials as failed
+    # Why an answer cannot be graded offline from the recording and a fresh workspace ("": it can, as grade()
+    # reads only the transcript and the workspace); the offline reward (`trainer/reward.py`) then takes the
+    # reward the run recorded.
+    offline_ungradable: ClassVar[str] = ""
 
     def score(self, run: GradeInput) -> dict[str, float]:
         """Per-check scores of one finished rollout: by default `grade(transcript, workspace)` in a child."""

@@ -19,6 +19,9 @@ it with tensordict 0.10), which the CPU lock here leaves out.
 
 Prompt rows are the `forge-convert --to verl-rl` shards (`--data`) or, when
 none are given, one row per task in `--tasks` (written to `tasks.parquet`).
+Rows for another agent (offline: veRL generates one answer and
+`reward.compute_score` rewards it) that the offline reward would refuse are
+left out first, and the count per rule is reported (`offline_screened`).
 Harness system prompts run to tens of thousands of tokens and veRL's default
 `prompt_length` of 512 left-truncates with only a warning, so lengths come
 from recorded data (`--lengths-from`: a `forge-convert --to tokens` folder) or
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,6 +46,7 @@ from forgerl.runners.harnesses import get_harness
 from forgerl.runners.tasks import load_tasks
 
 from .launch import LaunchError, compose, module_command, run, write_config, yaml_list
+from .reward import screen
 from .segment_rl import CONFIG_KEY, ROWS, SEGMENT_REWARDS, WEIGHTINGS
 
 AGENT_NAME = "forgerl_harness"
@@ -91,6 +97,34 @@ def task_rows(tasks_path: Path, harness: str, out: Path) -> Path:
     return path
 
 
+def offline_screened(files: list[str], tasks: Path, out: Path) -> list[str]:
+    """`files` without the rows the offline reward would refuse (`reward.screen`; rows of the `forgerl_harness`
+    agent are graded by their rollout and pass as they are). When some rows are rewarded offline, the kept rows are
+    written under `out/data` and the count per rule goes to stderr and `out/offline_rewards.json`."""
+    masks, counts = [], Counter()
+    for path in files:
+        rows = pq.read_table(path, columns=["agent_name", "reward_model", "extra_info"]).to_pylist()
+        offline = [r for r in rows if r["agent_name"] != AGENT_NAME]
+        keep, counted = screen(offline, str(tasks.resolve()))
+        counts += counted
+        verdicts = iter(keep)
+        masks.append([r["agent_name"] == AGENT_NAME or next(verdicts) for r in rows])
+    if not counts:
+        return files
+    summary = "; ".join(f"{n} {rule}" for rule, n in sorted(counts.items()))
+    if not any(map(any, masks)):
+        raise LaunchError(f"every row of --data is refused by the offline reward: {summary}")
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    (out / "offline_rewards.json").write_text(json.dumps(dict(sorted(counts.items())), indent=1) + "\n")
+    print(f"forge-train: offline rewards: {summary}", file=sys.stderr)
+    kept = []
+    for i, (path, mask) in enumerate(zip(files, masks)):
+        if any(mask):
+            kept.append(str((out / "data" / f"train-{i:05d}.parquet").resolve()))
+            pq.write_table(pq.read_table(path).filter(pa.array(mask)), kept[-1])
+    return kept
+
+
 def agent_loop_yaml(args: argparse.Namespace, out: Path) -> Path:
     entry = {"name": AGENT_NAME, "_target_": "forgerl.trainer.agent_loop.HarnessAgentLoop",
              "harness": args.harness, "tasks": str(Path(args.tasks).resolve()),
@@ -111,6 +145,7 @@ def overrides(args: argparse.Namespace, out: Path) -> list[str]:
         train = sorted(str(p.resolve()) for p in (Path(args.data) / "train").glob("*.parquet"))
         if not train:
             raise LaunchError(f"--data {args.data}: no train/*.parquet (make it with forge-convert --to verl-rl)")
+        train = offline_screened(train, Path(args.tasks), out)
     else:
         train = [str(task_rows(Path(args.tasks), args.harness, out).resolve())]
     loop = agent_loop_yaml(args, out)

@@ -77,6 +77,7 @@ class WebTask(Task):
     checks: tuple[dict, ...] = ()  # {"name", "answer_includes" | "expect"}
 
     benchmark: ClassVar[str] = "forgerl-web"
+    offline_ungradable: ClassVar[str] = "its checks read the apps' state after the run"
 
     def score(self, run: GradeInput) -> dict[str, float]:
         states = {app.name: (run.service_state.get(app.name) or {}).get(STATE_PATH) for app in self.apps}
