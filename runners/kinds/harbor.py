@@ -85,7 +85,6 @@ class HarborTask(Task):
     benchmark = "Harbor"
     pass_threshold = 1.0
     offline_ungradable = "its verifier (tests/test.sh) checks the environment the agent left"
-    offline_ungradable = "its verifier (tests/test.sh) checks the environment the agent left"
 
     verifier_timeout_s: float = VERIFIER_TIMEOUT_S
     verifier_env: dict[str, str] = field(default_factory=dict)
