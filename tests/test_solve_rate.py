@@ -178,3 +178,17 @@ def test_a_scope_without_attempts_is_one_line(two_policies, tmp_path, capsys, ex
     assert convert([str(two_policies), "--to", "verl-rl", "--out", str(out), "--no-progress", *extra]) == 2
     assert capsys.readouterr().err.strip() == f"forge-convert: {message}"
     assert not out.exists()
+
+
+def test_forge_runs_closing_table_counts_what_the_view_counts(two_policies, capsys):
+    from forgerl.analysis.pass_rates import print_table
+    from forgerl.runners import outcomes
+
+    table = outcomes.pass_table(outcomes.outcome_rows(two_policies, "opencode", "step-10"), 3)
+    closing = outcomes.rate_rows(table, "opencode", "step-10")
+    view = pass_rate_rows(connect(two_policies), Scope(harness="opencode", model="qwen3-8b", policy_version="step-10"))
+    assert closing == [{k: r[k] for k in closing[0]} for r in view]
+    print_table(closing, "closing")
+    line = next(x for x in capsys.readouterr().out.splitlines() if "greet" in x)
+    assert [c.strip() for c in line.strip("│ ").split("│")] == ["greet", "opencode", "qwen3-8b", "step-10", "3", "1",
+                                                                 "0.333", "0.333", "sometimes"]
