@@ -3,13 +3,15 @@
 The bundled example dataset (`analysis/example`, copied: reading may upgrade
 it) holds graded outcomes of six tasks: `greet` passes 3 of 3, `summarise` 0
 of 3, the other four some of their attempts (`list-files` 1 of 2 scored,
-its third rollout an infra error, which is not an attempt).
+its third rollout an infra error, which is not an attempt). `two_policies` adds the
+attempts of a second policy in two harnesses, so each scope keeps another task set.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,9 +19,12 @@ import pytest
 
 from forgerl.analysis import connect
 from forgerl.analysis.cli import main as analyze
-from forgerl.analysis.pass_rates import solved
-from forgerl.schema.attempts import Scope, pass_rate_rows
+from forgerl.analysis.pass_rates import print_table, solved
 from forgerl.converters.cli import main as convert
+from forgerl.converters.solve_rate import pass_rates
+from forgerl.runners import outcomes
+from forgerl.schema.attempts import Scope, pass_rate_rows
+from forgerl.schema.store import DatasetWriter
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "analysis" / "example"
 SOMETIMES = {"fix-calc", "list-files", "make-test-pass", "update-config"}
@@ -91,10 +96,6 @@ QWEN = {("fix-calc", "opencode"): [True, True, True], ("summarise", "opencode"):
 @pytest.fixture(scope="module")
 def two_policies(tmp_path_factory) -> Path:
     """The example dataset plus qwen3-8b's graded attempts (outcome rows only: their sessions hold no calls)."""
-    from datetime import datetime, timezone
-
-    from forgerl.schema.store import DatasetWriter
-
     copy = tmp_path_factory.mktemp("scoped") / "example"
     shutil.copytree(EXAMPLE, copy)
     now = datetime.now(timezone.utc)
@@ -140,9 +141,6 @@ def test_solve_rate_is_the_rate_of_the_scope_it_names(two_policies, tmp_path):
 
 
 def test_the_converter_reads_the_rates_forge_analyze_prints(two_policies, capsys):
-    from forgerl.converters.solve_rate import pass_rates
-    from forgerl.schema.attempts import Scope
-
     assert analyze(["pass-rates", str(two_policies), "--harness", "opencode", "--model", "qwen3-8b"]) == 0
     printed = {}
     for line in capsys.readouterr().out.splitlines():
@@ -181,9 +179,6 @@ def test_a_scope_without_attempts_is_one_line(two_policies, tmp_path, capsys, ex
 
 
 def test_forge_runs_closing_table_counts_what_the_view_counts(two_policies, capsys):
-    from forgerl.analysis.pass_rates import print_table
-    from forgerl.runners import outcomes
-
     table = outcomes.pass_table(outcomes.outcome_rows(two_policies, "opencode", "step-10"), 3)
     closing = outcomes.rate_rows(table, "opencode", "step-10")
     view = pass_rate_rows(connect(two_policies), Scope(harness="opencode", model="qwen3-8b", policy_version="step-10"))
