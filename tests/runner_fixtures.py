@@ -218,12 +218,13 @@ class FakeKubelet:
     deletion kill the process, like a kubelet would.
     """
 
-    def __init__(self, api_url: str, namespace: str, workdir: Path) -> None:
+    def __init__(self, api_url: str, namespace: str, workdir: Path, secrets: dict[str, dict[str, str]] | None = None):
         from kubernetes import client
         cfg = client.Configuration()
         cfg.host = api_url
         self.core = client.CoreV1Api(client.ApiClient(cfg))
         self.namespace, self.workdir = namespace, workdir
+        self.secrets = secrets or {}  # Secret name -> its data, for env entries `valueFrom: secretKeyRef`
         self.procs: dict[str, object] = {}
         self.deleted: set[str] = set()
         self._lock = threading.Lock()
@@ -292,7 +293,7 @@ class FakeKubelet:
         base.mkdir(parents=True)
         result = base / "termination-log"
         env = {k: os.environ[k] for k in ("PATH", "LANG", "HOME") if k in os.environ}
-        env |= {e["name"]: e.get("value", "") for e in container.get("env", [])}
+        env |= {e["name"]: self._value(e) for e in container.get("env", [])}
         env |= {"FORGE_RESULT_PATH": str(result), "FORGE_WORKDIR": str(base / "work")}
         cmd = [sys.executable if c == "python3" else c for c in container["command"]]
         if image.endswith(":crash"):
@@ -321,6 +322,11 @@ class FakeKubelet:
         if message:
             terminated["message"] = message
         self._status(name, "Succeeded" if code == 0 else "Failed", {"terminated": terminated}, reason)
+
+    def _value(self, entry: dict) -> str:
+        """An env entry's value, given or from a Secret (`valueFrom.secretKeyRef`), as a kubelet resolves it."""
+        ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+        return self.secrets[ref["name"]][ref["key"]] if ref else entry.get("value", "")
 
     def stop(self) -> None:
         self._stopped = True

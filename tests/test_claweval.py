@@ -110,12 +110,15 @@ class Model:
     judge_prompts: list[str] = field(default_factory=list)
     rollouts: dict[str, tuple[Plan, bool]] = field(default_factory=dict)  # rollout folder -> (task, solving)
     times: dict[str, list[float]] = field(default_factory=dict)  # rollout folder -> when its calls came
+    folder: str = r"forgerl-rollout-\w+"  # a rollout's folder in its prompt (the local runner's temp dir)
+    judge_keys: list[str] = field(default_factory=list)  # the Authorization header of each judge call
 
     def __call__(self, request: Request) -> Turn:
         if request.body.get("model") == JUDGE_MODEL:
             self.judge_prompts.append(prompt_of(request))
+            self.judge_keys.append(request.headers.get("authorization", ""))
             return Turn(text='{"score": 1.0, "reasoning": "scripted judge"}')
-        rollout = re.search(r"forgerl-rollout-\w+", json.dumps(request.body)).group(0)
+        rollout = re.search(self.folder, json.dumps(request.body)).group(0)
         self.times.setdefault(rollout, []).append(time.monotonic())
         if rollout not in self.rollouts:
             plan = next(p for p in PLANS if any(n.endswith(p.solve[0][0]) for n in tool_names(request)))

@@ -12,6 +12,7 @@ requests or being unreachable.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -20,14 +21,17 @@ from pathlib import Path
 import pytest
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig, free_port
+from forgerl.runners.grading import Judge
 from forgerl.runners.harnesses import get_harness
 from forgerl.runners.kubernetes import KubernetesRunner, api_client, load_template
 from forgerl.runners.rollout import Rollout
-from forgerl.runners.tasks import find_task
+from forgerl.runners.tasks import find_task, load_tasks
 from forgerl.schema.store import DatasetWriter, read_table
 
 from runner_fixtures import (BENCH, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, FakeKubelet, KubeAPI,
                              processes_in, task_script)
+from scripted_upstream import ScriptedUpstream
+from test_claweval import CLAWEVAL, HARNESS_MODELS, JUDGE_MODEL, Model
 
 NS = "forgerl"
 FORGE_RUN = str(Path(sys.executable).with_name("forge-run"))
@@ -36,7 +40,7 @@ FORGE_RUN = str(Path(sys.executable).with_name("forge-run"))
 @pytest.fixture
 def cluster(tmp_path):
     api = KubeAPI().start()
-    kubelet = FakeKubelet(api.url, NS, tmp_path / "node").start(api)
+    kubelet = FakeKubelet(api.url, NS, tmp_path / "node", secrets={"forgerl-keys": {"judge": JUDGE_SECRET}}).start(api)
     yield api
     deadline = time.monotonic() + 15  # deleted pods get the kubelet's grace period
     while processes_in(tmp_path / "node") and time.monotonic() < deadline:
@@ -161,3 +165,68 @@ def test_pod_template_is_a_valid_pod():
     template = load_template()
     assert template["spec"]["containers"][0]["command"] == ["python3", "-m", "forgerl.runners.pod"]
     assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "forgerl-rollout"
+
+
+# --- ClawEval in pods: its services in the jail's namespaces inside each pod, its grader with the judge ------------
+
+JUDGE_SECRET = "sk-judge-from-the-secret"  # what the kubelet resolves for the template's secretKeyRef
+POD_FOLDER = r"forgerl-t010-contact-lookup-a\d+-[0-9a-f]{8}"  # a pod's name, in its workspace's path
+
+
+def claweval_runner(cluster_url: str, rec, tmp_path, tasks: Path, **kw) -> KubernetesRunner:
+    template = load_template()
+    template["spec"]["containers"][0]["env"].append(
+        {"name": "FORGE_JUDGE_API_KEY", "valueFrom": {"secretKeyRef": {"name": "forgerl-keys", "key": "judge"}}})
+    return KubernetesRunner(get_harness("claude-code"), rec.config.url, api_client(cluster_url), namespace=NS,
+                            template=template, image="forgerl/rollout:test", pod_tasks=str(tasks),
+                            pod_dataset=str(tmp_path / "data"), model=HARNESS_MODELS["claude-code"], **kw)
+
+
+@pytest.mark.slow
+def test_claweval_in_pods_with_services_and_the_judge(cluster, tmp_path, monkeypatch):
+    """Both attempts of T010 at once through Claude Code, each in a pod whose jail runs the task's contacts service
+    on its declared port 9103 (the fake kubelet runs both pods on this machine: without the jail's network
+    namespace the second could not bind it), graded in the pod by the task's own grader with the judge, whose key
+    reaches it from the pod template's Secret and never from the runner or the pod spec: one solves, the other is
+    zeroed by the safety gate."""
+    monkeypatch.setenv("FORGE_JUDGE_API_KEY", "sk-the-runners-own-key")  # must not travel
+    model = Model(folder=POD_FOLDER)
+    with ScriptedUpstream(model, chunks=4, chunk_delay=0.5) as up, BackgroundRecorder(
+            RecorderConfig(out=tmp_path / "data", upstream_anthropic=up.url, upstream_openai=up.url)) as rec:
+        r = claweval_runner(cluster.url, rec, tmp_path, CLAWEVAL, parallel=2, retries=0,
+                            judge=Judge(f"{up.url}/v1", JUDGE_MODEL))
+        [task] = load_tasks(CLAWEVAL / "tasks" / "T010_contact_lookup")
+        with DatasetWriter(tmp_path / "data", source="runner") as writer:
+            outcomes = r.run([Rollout(task, 0), Rollout(task, 1)], writer)
+    failed, solved = sorted(outcomes, key=lambda o: o.row()["reward"] or 0.0)
+    assert solved.status == "success", (solved.error, solved.extra.get("pod_log_tail"))
+    assert solved.scores["task_score"] == 1.0 and solved.scores["judge_calls_not_graded"] == 0.0
+    assert json.loads(solved.row()["graded"])["llm_judge"] == "graded"
+    assert (failed.status, failed.row()["reward"], failed.scores["safety"]) == ("failed", 0.0, 0.0)
+    for outcome in outcomes:
+        assert outcome.extra["services_read"] == {"contacts": ["/contacts/audit"]}
+        assert any("services in the rollout's network namespace: contacts" in e for e in outcome.extra["enforced"])
+    assert model.overlapping("T010_contact_lookup"), model.times
+    assert model.judge_keys and set(model.judge_keys) == {f"Bearer {JUDGE_SECRET}"}
+    for pod in cluster.pods():
+        container = pod["manifest"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["FORGE_JUDGE_URL"]["value"] == f"{up.url}/v1" and env["FORGE_JUDGE_MODEL"]["value"] == JUDGE_MODEL
+        assert "value" not in env["FORGE_JUDGE_API_KEY"]
+        assert "sk-" not in json.dumps(pod["manifest"]), "a key in the pod spec"
+        assert container["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+
+
+def test_a_service_that_cannot_start_in_its_pod_is_an_infra_error(cluster, recorded, tmp_path):
+    bench = tmp_path / "bench"
+    shutil.copytree(CLAWEVAL / "tasks" / "T010_contact_lookup", bench / "tasks" / "T010_contact_lookup")
+    (bench / "mock_services").mkdir()
+    spec = bench / "tasks" / "T010_contact_lookup" / "task.yaml"
+    spec.write_text(spec.read_text().replace("python mock_services/contacts/server.py",
+                                             "python -c \"raise SystemExit('no contacts here')\""))
+    r = claweval_runner(cluster.url, recorded, tmp_path, bench, retries=0)
+    with DatasetWriter(tmp_path / "data", source="runner") as writer:
+        [outcome] = r.run([Rollout(task, 0) for task in load_tasks(bench)], writer)
+    assert outcome.status == "infra_error" and outcome.row()["reward"] is None
+    assert "service 'contacts' exited with status 1 before its health check answered: no contacts here" in outcome.error
+    assert all(p["deleted"] for p in cluster.pods())
