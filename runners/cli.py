@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-model", default="", metavar="M", help="with --judge: the judge's model name")
     p.add_argument("--user-model", default="", metavar="URL", help="an OpenAI-compatible API base for the "
                    "simulated user of tasks with a persona (ClawEval user_agent; key from FORGE_USER_MODEL_API_KEY or "
-                   "OPENAI_API_KEY); without it those tasks are skipped")
+                   "OPENAI_API_KEY; on Kubernetes the pods' own, from the pod template's Secret); without it those "
+                   "tasks are skipped")
     p.add_argument("--user-model-name", default="", metavar="M", help="with --user-model: its model name")
     p.add_argument("--no-network-isolation", action="store_true",
                    help="local runner: do not put harnesses in a network namespace")
@@ -197,7 +198,8 @@ def _runner(args: argparse.Namespace, recorder_url: str):
                             pod_tasks=args.pod_tasks, pod_dataset=args.pod_dataset, parallel=args.parallel,
                             image_registry=args.image_registry,
                             retries=args.retries, model=model, timeout_s=args.timeout,
-                            judge=Judge(args.judge, args.judge_model) if args.judge else None)
+                            judge=Judge(args.judge, args.judge_model) if args.judge else None,
+                            user=_user_model(args))
 
 
 def _user_model(args: argparse.Namespace) -> UserModel | None:
@@ -280,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--judge URL and --judge-model M go together")
     if bool(args.user_model) != bool(args.user_model_name):
         raise UserError("--user-model URL and --user-model-name M go together")
-    persona_refusal = refusal(_user_model(args), get_harness(args.harness), args.runner)
+    persona_refusal = refusal(_user_model(args), get_harness(args.harness))
     tasks = _runnable(_select(load_tasks(args.tasks), args.task), persona_refusal)
     get_harness(args.harness).find()
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ from .grading import Judge
 from .harnesses import Harness
 from .pod import RECORDER_FAILURE, RESULT_KEYS
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
+from .simulated_user import UserModel
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "pod-template.yaml"
 DEADLINE_GRACE_S = 300  # pod start-up, workspace, grading: on top of the task's own timeout
@@ -107,6 +108,7 @@ class KubernetesRunner(BatchRunner):
     name: str = "kubernetes"
     image_registry: str = ""  # where images built from Harbor tasks' environment/ are pushed
     judge: Judge | None = None  # its URL and model go to the pods; its key comes from the template (a Secret)
+    user: UserModel | None = None  # the simulated user, played from the pods as the judge is
 
     retry_backoff_s: float = RETRY_BACKOFF_S
 
@@ -140,6 +142,8 @@ class KubernetesRunner(BatchRunner):
                      "FORGE_MODEL": self.model, "FORGE_TIMEOUT_S": str(timeout)}
         if self.judge:
             forge_env |= {"FORGE_JUDGE_URL": self.judge.url, "FORGE_JUDGE_MODEL": self.judge.model}
+        if self.user and task.persona:
+            forge_env |= {"FORGE_USER_MODEL_URL": self.user.url, "FORGE_USER_MODEL_NAME": self.user.model}
         if task.services:  # started in the jail's own namespaces inside the pod
             allow_namespaces(container)
         env = [e for e in container.get("env", []) if e.get("name") not in forge_env]

@@ -7,10 +7,13 @@ FORGE_ATTEMPT, FORGE_HARNESS, FORGE_RECORDER_URL, FORGE_SESSION_ID,
 FORGE_DATASET (the dataset root the recorder writes, mounted read-only: the
 transcript for grade() is built from it), FORGE_MODEL, FORGE_TIMEOUT_S,
 FORGE_WORKDIR (default /work), FORGE_RESULT_PATH (default /dev/termination-log),
-FORGE_JUDGE_URL and FORGE_JUDGE_MODEL (`forge-run --judge`). Keys are never
-set by the runner: ANTHROPIC_API_KEY / OPENAI_API_KEY (the harness's) and
-FORGE_JUDGE_API_KEY (the judge's, read by the grading child) come from the
-pod template's env, from a Secret (deploy/README.md).
+FORGE_JUDGE_URL and FORGE_JUDGE_MODEL (`forge-run --judge`),
+FORGE_USER_MODEL_URL and FORGE_USER_MODEL_NAME (`forge-run --user-model`, for
+a task with a persona: its dialogue is held here). Keys are never set by the
+runner: ANTHROPIC_API_KEY / OPENAI_API_KEY (the harness's),
+FORGE_JUDGE_API_KEY (the judge's, read by the grading child) and
+FORGE_USER_MODEL_API_KEY come from the pod template's env, from a Secret
+(deploy/README.md).
 
 The rollout itself is `attempt.run_attempt`, as on the local runner: a task's
 services start in the jail's own namespaces inside the pod, a Harbor task's
@@ -37,11 +40,12 @@ from .attempt import AttemptConfig, inherited, run_attempt
 from .grading import Judge
 from .harnesses import get_harness
 from .rollout import InfraError
+from .simulated_user import UserModel
 from .tasks import find_task
 
 RESULT_PREFIX = "FORGE_RESULT "
 RECORDER_FAILURE = "recorder_failure"  # the result status that stops the run
-RESULT_KEYS = ("session", "status", "scores", "timed_out", "error")  # the rest of a graded result is the outcome's extra
+RESULT_KEYS = ("session", "status", "scores", "timed_out", "error")  # the rest of a result: the outcome's extra
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 HARNESS_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")  # from the pod's environment (the template: a Secret)
 
@@ -59,10 +63,12 @@ def pod_config(env: dict[str, str]) -> AttemptConfig:
     """The attempt's configuration from the pod's environment (set by `KubernetesRunner.pod_manifest`)."""
     harness = get_harness(env["FORGE_HARNESS"])
     judge = Judge(env["FORGE_JUDGE_URL"], env["FORGE_JUDGE_MODEL"]) if env.get("FORGE_JUDGE_URL") else None
+    user = (UserModel(env["FORGE_USER_MODEL_URL"], env["FORGE_USER_MODEL_NAME"])
+            if env.get("FORGE_USER_MODEL_URL") else None)
     return AttemptConfig(harness, harness.find(), env["FORGE_RECORDER_URL"], Path(env["FORGE_DATASET"]),
                          model=env.get("FORGE_MODEL", ""), keys={k: v for k, v in env.items() if k in HARNESS_KEYS},
                          base_env=inherited(env), timeout_s=float(env.get("FORGE_TIMEOUT_S") or 0) or None,
-                         judge=judge, in_pod=True)
+                         judge=judge, in_pod=True, user=user)
 
 
 def run_pod(env: dict[str, str]) -> dict:

@@ -111,15 +111,13 @@ class SimulatedUser:
             raise UserModelError(f"the user model at {self.url} failed: {e}") from None
 
 
-def refusal(user: UserModel | None, harness: Harness, runner: str) -> str:
+def refusal(user: UserModel | None, harness: Harness) -> str:
     """Why this run leaves out tasks with a persona ("": it holds their dialogues)."""
     needs = "needs a simulated user (user_agent persona)"
     if user is None:
         return f"{needs}: give forge-run --user-model URL --user-model-name M"
     if not harness.resumes:
         return f"{needs}, and {harness.name} cannot resume its session to send it the user's replies"
-    if runner != "local":
-        return f"{needs}, which the {runner} runner does not hold yet (only the local runner does)"
     return ""
 
 

@@ -29,6 +29,7 @@ from forgerl.schema.store import read_table
 from harness_checks import FORGE_RUN
 from scripted_upstream import Request, ScriptedUpstream, Turn, last_user_text
 from test_claweval import CLAWEVAL, HARNESS_MODELS, JUDGE_MODEL
+from test_runner_kubernetes import NS, cluster  # noqa: F401 - cluster: the fixture (kmock's API and a fake kubelet)
 
 USER_MODEL = "scripted-user"
 C01 = "C01zh_mortgage_prepay"
@@ -153,7 +154,7 @@ def test_harnesses_that_cannot_resume_refuse(tmp_path, name):
     assert not harness.resumes
     with pytest.raises(HarnessError, match=f"{name} cannot resume its session"):
         harness.full_command("/bin/h", _ctx(tmp_path), reply=MESSAGE)
-    assert refusal(UserModel("http://u/v1", "m"), harness, "local") == (
+    assert refusal(UserModel("http://u/v1", "m"), harness) == (
         f"needs a simulated user (user_agent persona), and {name} cannot resume its session to send it the "
         "user's replies")
 
@@ -236,8 +237,6 @@ def test_a_failing_user_model_is_an_error_not_the_end_of_the_dialogue(models):
     (["--user-model", "http://127.0.0.1:9/v1", "--user-model-name", "u", "--harness", "mini-swe-agent"],
      "skipping C01zh_mortgage_prepay: needs a simulated user (user_agent persona), and mini-swe-agent cannot "
      "resume its session"),
-    (["--user-model", "http://127.0.0.1:9/v1", "--user-model-name", "u", "--runner", "kubernetes"],
-     "which the kubernetes runner does not hold yet"),
     (["--user-model", "http://127.0.0.1:9/v1"], "forge-run: --user-model URL and --user-model-name M go together"),
 ])
 def test_forge_run_says_why_it_does_not_run_the_dialogue(tmp_path, capsys, args, says):
@@ -291,3 +290,26 @@ def test_c01zh_dialogues_end_to_end(tmp_path, harness):
         placed = [c for c in calls if c["session_id"] == row["session_id"] and c["segment_index"] is not None]
         assert {c["segment_index"] for c in placed} == {0}, [(c["segment_index"], c["segment_reason"]) for c in placed]
         assert len(placed) >= runs  # one model call per harness run at least: the resumed runs are in the thread
+
+
+@pytest.mark.slow
+def test_c01zh_dialogue_in_a_kubernetes_pod(cluster, tmp_path):  # noqa: F811 - the imported fixture
+    """On the Kubernetes runner the pod holds the dialogue (pod.py runs the same `run_attempt`): the user model's
+    URL and name reach it in its environment, the rounds come back in the outcome."""
+    bench, out = _bench(tmp_path), tmp_path / "data"
+    with ScriptedUpstream(Models()) as up:
+        r = subprocess.run([FORGE_RUN, str(bench), "--task", C01, "--harness", "codex", "--upstream", up.url,
+                            "--model", HARNESS_MODELS["codex"], "--retries", "0", "--out", str(out),
+                            "--runner", "kubernetes", "--kube-api", cluster.url, "--namespace", NS,
+                            "--image", "forgerl/rollout:test", "--pod-tasks", str(bench), "--pod-dataset", str(out),
+                            "--user-model", f"{up.url}/v1", "--user-model-name", USER_MODEL],
+                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [row] = read_table(out, "outcomes").to_pylist()
+    extra = json.loads(row["extra"])
+    assert (row["runner"], row["status"]) == ("kubernetes", "failed"), (row["error"], extra.get("pod_log_tail"))
+    assert extra["user_agent"] == {"rounds_used": 2, "max_rounds": 8, "done_reached": True}
+    assert row["reward"] == pytest.approx(0.2)  # no judge: its parts score 0, robustness 1.0 stays
+    [pod] = cluster.pods()
+    env = {e["name"]: e["value"] for e in pod["manifest"]["spec"]["containers"][0]["env"]}
+    assert (env["FORGE_USER_MODEL_URL"], env["FORGE_USER_MODEL_NAME"]) == (f"{up.url}/v1", USER_MODEL)
