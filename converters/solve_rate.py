@@ -27,10 +27,11 @@ from forgerl.errors import UserError
 from forgerl.schema import duck
 from forgerl.schema.attempts import Scope, pass_rate_rows, register
 
-# A session's own scope: the harness, model and policy version its outcome row was placed in.
+# A session's own scope: the harness, model and policy version its latest outcome row (as `source.py` picks the
+# session's outcome: the highest attempt) was placed in.
 SESSION_SCOPES = """
-SELECT session_id, any_value(harness), any_value(model), any_value(policy_version)
-FROM outcome_scopes GROUP BY session_id
+SELECT session_id, harness, model, policy_version FROM outcome_scopes
+QUALIFY row_number() OVER (PARTITION BY session_id ORDER BY attempt DESC NULLS LAST) = 1
 """
 
 Key = tuple[str, str, str, str]  # task, harness, model, policy version
