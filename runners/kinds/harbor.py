@@ -20,9 +20,10 @@ pulls in litellm and supabase, so it is not a dependency): an unset agent
 timeout is forgerl's default, the verifier's is 600 s, memory 2048 MiB.
 
 The agent runs, then `bash /tests/test.sh` in the same jail with the
-verifier's own timeout; the task's services (`runners/services.py`), started
-before the agent, stay up through the verifier, which may read their state (`runners/verifier.py`, which also says why the agent
-cannot write the reward ahead of the verifier). Scores are every numeric key
+verifier's own timeout (`runners/verifier.py`, which also says why the agent
+cannot write the reward ahead of the verifier); the task's services
+(`runners/services.py`), started before the agent, stay up through the
+verifier, which may read their state. Scores are every numeric key
 of the reward (`reward.txt` is `{"reward": x}`); the reward is the `reward`
 key, else the mean of the keys; a trial passes at reward 1.0. A verifier that
 times out or writes no reward scores 0 (Harbor records no reward, which its
