@@ -12,8 +12,8 @@ There are two servers, each warm with only what its children need
 (`WARM`): jails fork from one that imports the jail alone (~22 MB), grades
 from one that also imports the grading code and with it pyarrow (~90 MB).
 A fork copies its parent's page tables and each page the child then writes,
-and a rollout's jail is three processes: forked from the 90 MB server they
-cost about twice the CPU.
+and a rollout's jail is two processes (more with services): forked from the
+90 MB server they cost about twice the CPU.
 multiprocessing's own forkserver does not fit: it re-imports the caller's
 `__main__` in every child.
 

@@ -5,11 +5,14 @@
 60 ms of CPU beside the harnesses, on a small machine throughput lost). It is
 the leader of a session of its own, which the runner kills on timeout.
 
-With a bridge it unshares a network and a PID namespace (as `unshare --net
---pid --fork --kill-child` would) and forks the jail proper: PID 1 of the
-fresh PID namespace, with only loopback, where it answers DNS with "no such
-name" (see `dns_fails_fast`) and forwards 127.0.0.1:PORT to the recorder's
-Unix socket. When PID 1 exits (or its parent dies) the kernel kills every
+With a bridge it unshares a PID namespace and forks the jail proper, PID 1
+of it, which unshares a network namespace of its own (together as `unshare
+--net --pid --fork --kill-child` would): there, with only loopback, it
+answers DNS with "no such name" (see `dns_fails_fast`) and forwards
+127.0.0.1:PORT to the recorder on TCP sockets the first process, still in
+the machine's network namespace, hands it (`bridge.py`). Two processes and
+one copy of each byte (it was three processes, and a second hop through a
+Unix socket). When PID 1 exits (or its parent dies) the kernel kills every
 process left in the namespace, so a harness's children cannot outlive the
 rollout. Without a bridge it is a child subreaper instead: whatever the
 harness left running (daemonised children included) is re-parented to it
@@ -32,12 +35,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .bridge import forward, tcp_connector, unix_connector, unix_listener
+from .bridge import connector_through, forward, hand_out_socket, socket_source
 from .mountns import enter_root
 from .services import ServiceStage
 from .verifier import VerifierStage, run_stage, snapshot
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_SIOCSIFADDR, _SIOCSIFNETMASK = 0x8916, 0x891C
 _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 36, 1
 _CLONE_NEWNET, _CLONE_NEWPID = 0x40000000, 0x20000000
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -52,8 +56,7 @@ class JailSpec:
     env: dict[str, str] = field(default_factory=dict)
     cgroup: str = ""  # a cgroup directory to join
     cpu_seconds: int = 0  # RLIMIT_CPU, per process
-    bridge_port: int = 0  # namespaces, and 127.0.0.1:PORT inside forwarded through bridge_unix to the recorder
-    bridge_unix: str = ""
+    bridge_port: int = 0  # namespaces, and 127.0.0.1:PORT inside forwarded to the recorder
     recorder_host: str = ""
     recorder_port: int = 0
     # Optional stages (`verifier.Layout`): a root of the rollout's own in a mount namespace, the harness's
@@ -75,6 +78,13 @@ def loopback_up() -> None:
         ifreq = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, ifreq))[1]
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def add_loopback_address(ip: str, label: str) -> None:
+    """`ip addr add IP/32 dev lo label LABEL`, without forking the ip binary (OSError if it cannot)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for request, address in ((_SIOCSIFADDR, socket.inet_aton(ip)), (_SIOCSIFNETMASK, b"\xff" * 4)):
+            fcntl.ioctl(s.fileno(), request, struct.pack("16sHH4s16x", label.encode(), socket.AF_INET, 0, address))
 
 
 def _nxdomain(query: bytes) -> bytes | None:
@@ -109,12 +119,12 @@ def dns_fails_fast(resolv_conf: str = "/etc/resolv.conf") -> None:
         servers = [line.split()[1] for line in open(resolv_conf) if line.startswith("nameserver")]
     except OSError:
         return
-    for ip in servers:
+    for n, ip in enumerate(servers, start=1):
         if ":" in ip:
             continue
-        if not ip.startswith("127."):
-            subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], capture_output=True, check=False)
         try:
+            if not ip.startswith("127."):
+                add_loopback_address(ip, f"lo:{n}")
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind((ip, 53))
         except OSError:
@@ -180,29 +190,25 @@ def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket
         code = _run(spec, stdout, stderr, runner)
         kill_descendants()
         return code
-    listener = unix_listener(spec.bridge_unix)
-    pid = _fork_child(lambda: _in_namespaces(spec, stdout, stderr, runner, ready), stderr)
-    forward(listener, tcp_connector(spec.recorder_host, spec.recorder_port))
+    giver, asker = socket_source()  # this process stays in the machine's network namespace: it makes the sockets
+    _unshare(_CLONE_NEWPID)  # for its children: the next one is PID 1 (so no thread may start here from now on)
+    pid = _fork_child(lambda: _pid_one(spec, stdout, stderr, runner, ready, asker), stderr)
+    asker.close()
     try:
-        return _wait_child(pid, runner)
+        return _wait_child(pid, runner, giver)
     finally:
-        listener.close()
+        giver.close()
 
 
-def _in_namespaces(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket,
-                   ready: Callable[[], bool]) -> int:
-    """In a child of the jail: unshare the namespaces, and run the harness under PID 1 of the new PID one."""
-    _unshare(_CLONE_NEWNET | _CLONE_NEWPID)
-    pid = _fork_child(lambda: _pid_one(spec, stdout, stderr, runner, ready), stderr)
-    return _wait_child(pid, runner)
-
-
-def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool]) -> int:
-    """PID 1 of the new namespaces: loopback, DNS that fails fast, the bridge to the recorder, the harness."""
+def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool],
+             sockets: socket.socket) -> int:
+    """PID 1 of the new PID namespace, in a network namespace of its own: loopback, DNS that fails fast, the
+    bridge to the recorder (on `sockets` handed out by the jail's first process), the harness."""
+    _unshare(_CLONE_NEWNET)
     loopback_up()
     dns_fails_fast()
     listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
-    forward(listener, unix_connector(spec.bridge_unix))
+    forward(listener, connector_through(sockets, spec.recorder_host, spec.recorder_port))
     return _with_services(spec, lambda go: _confined_run(spec, stdout, stderr, runner, go), ready, stderr, runner)
 
 
@@ -293,28 +299,41 @@ def _fork_child(body: Callable[[], int], stderr: int) -> int:
     return pid
 
 
-def _wait_child(pid: int, runner: socket.socket) -> int:
-    """The child's status; killed at once on SIGTERM, or if the runner hangs up first."""
+def _wait_child(pid: int, runner: socket.socket, sockets: socket.socket | None = None) -> int:
+    """The child's status; killed at once on SIGTERM, or if the runner hangs up first. Meanwhile each socket the
+    child asks for on `sockets` is handed out (`bridge.hand_out_socket`)."""
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
-    if _runner_gone_first(pid, runner):
+    if _runner_gone_first(pid, runner, sockets=sockets):
         os.kill(pid, signal.SIGKILL)
     return _status(os.waitpid(pid, 0)[1])
 
 
-def _runner_gone_first(pid: int, runner: socket.socket, timeout_s: float | None = None) -> bool:
+def _runner_gone_first(pid: int, runner: socket.socket, timeout_s: float | None = None,
+                       sockets: socket.socket | None = None) -> bool:
     """Wait for child `pid` to exit (without reaping it), or for the runner to hang up: whether the runner did
-    (or `timeout_s` passed first: the child must go either way).
+    (or `timeout_s` passed first: the child must go either way). Asks on `sockets` are answered meanwhile.
 
     The runner hangs up only by dying before the harness ended, without
     killing the jail; then what is under the jail must go too. (No watcher
     thread: a process that has unshared a PID namespace cannot start one.)
     """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     exited = os.pidfd_open(pid)
     try:
         events = select.poll()
         events.register(exited, select.POLLIN)
         events.register(runner, 0)  # only POLLHUP and POLLERR, which poll always reports
-        return exited not in dict(events.poll(None if timeout_s is None else timeout_s * 1000))
+        if sockets is not None:
+            events.register(sockets, select.POLLIN)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+            happened = dict(events.poll(left))
+            if sockets is not None and sockets.fileno() in happened and len(happened) == 1:
+                if not hand_out_socket(sockets):  # the child hung up its end: nothing more to hand out
+                    events.unregister(sockets)
+                    sockets = None
+                continue
+            return exited not in happened
     finally:
         os.close(exited)
 

@@ -6,7 +6,7 @@ enforced, best first, as the machine allows (`Sandbox.enforced` says which,
 and every outcome records it):
 
 * network: a network namespace (as `unshare --net`) gives the harness only
-  loopback; the recorder is reached through a Unix-socket bridge
+  loopback; the recorder is reached through a bridge on 127.0.0.1 inside
   (`bridge.py`), so no other host or port is reachable. Without
   unshare (no CAP_SYS_ADMIN, no user namespaces) the network is NOT
   isolated: the harness is only pointed at the recorder.
@@ -88,7 +88,7 @@ class Result:
 class Sandbox:
     """One rollout's confinement; `base_url` is the recorder as the harness must address it."""
 
-    tmp: Path  # the rollout's temp dir: logs and the bridge socket live here
+    tmp: Path  # the rollout's temp dir: the harness's logs live here
     recorder_url: str
     isolate_network: bool = True
     enforced: list[str] = field(default_factory=list)
@@ -125,7 +125,7 @@ class Sandbox:
             return spec
         url = urlsplit(self.recorder_url)
         self.enforced.append("network namespace: recorder only; PID namespace")
-        spec.bridge_port, spec.bridge_unix = BRIDGE_PORT, str(self.tmp / "recorder.sock")
+        spec.bridge_port = BRIDGE_PORT
         spec.recorder_host, spec.recorder_port = url.hostname, url.port
         return spec
 
