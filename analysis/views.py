@@ -84,16 +84,21 @@ def _unwrap(part: str) -> str:
     return f"CASE {' '.join(whens)} ELSE {own} END"
 
 
+# A turn is a call that produced output; its model is the one that answered (else the one asked for).
+IS_TURN = "len(output_refs) > 0"
+TURN_MODEL = "coalesce(model_returned, model_requested)"
+
 # `turn` counts a session's model calls in time order; `segment_index` / `segment_turn` place each in the
 # thread the dataset stored for it (`forgerl.schema.segments`), so a subagent's turns count in its own thread.
-TURNS = """
+TURNS = f"""
 SELECT session_id, call_id,
        row_number() OVER (PARTITION BY session_id ORDER BY t_start, seq, call_id) AS turn,
-       t_start, coalesce(model_returned, model_requested) AS model, output_refs,
+       t_start, {TURN_MODEL} AS model, output_refs,
        segment_index, session_id || ':' || segment_index AS segment_id, segment_reason,
        CASE WHEN segment_index IS NOT NULL THEN row_number() OVER (
-           PARTITION BY session_id, segment_index ORDER BY t_start, seq, call_id) END AS segment_turn
-FROM calls WHERE len(output_refs) > 0
+           PARTITION BY session_id, segment_index ORDER BY t_start, seq, call_id) END AS segment_turn,
+       malformed_tool_calls
+FROM calls WHERE {IS_TURN}
 """
 
 # Paths read from a tool call's arguments, parsed once per call: [command keys, path keys, target keys, patch].
@@ -318,20 +323,22 @@ SELECT session_id, sum(items) AS plan_items, sum(completed) AS plan_completed,
 FROM both_ GROUP BY session_id
 """
 
-SESSION_INFO = """
+# One grouped pass over the calls' narrow columns: the model of most of a session's turns, the policy version of
+# most of its calls (mode skips NULLs); numbering every call as `turns` does is not needed for either.
+SESSION_INFO = f"""
 WITH h AS (SELECT session_id, nullif(harness, 'unknown') AS harness FROM sessions),
 o AS (
   SELECT session_id, any_value(task_id) AS task, any_value(harness) AS harness, any_value(model) AS model,
          any_value(policy_version) AS policy_version
   FROM outcomes GROUP BY 1),
-m AS (SELECT session_id, mode(model) AS model FROM turns GROUP BY 1),
-pv AS (SELECT session_id, mode(policy_version) AS policy_version FROM calls WHERE policy_version IS NOT NULL GROUP BY 1),
-ids AS (SELECT DISTINCT session_id FROM calls UNION SELECT session_id FROM outcomes)
+c AS (
+  SELECT session_id, mode({TURN_MODEL}) FILTER (WHERE {IS_TURN}) AS model, mode(policy_version) AS policy_version
+  FROM calls GROUP BY 1),
+ids AS (SELECT session_id FROM c UNION SELECT session_id FROM outcomes)
 SELECT ids.session_id, coalesce(h.harness, o.harness, 'unknown') AS harness,
-       coalesce(m.model, o.model, 'unknown') AS model, coalesce(o.task, '(none)') AS task,
-       coalesce(o.policy_version, pv.policy_version, '(none)') AS policy_version
-FROM ids LEFT JOIN h USING (session_id) LEFT JOIN o USING (session_id) LEFT JOIN m USING (session_id)
-LEFT JOIN pv USING (session_id)
+       coalesce(c.model, o.model, 'unknown') AS model, coalesce(o.task, '(none)') AS task,
+       coalesce(o.policy_version, c.policy_version, '(none)') AS policy_version
+FROM ids LEFT JOIN h USING (session_id) LEFT JOIN o USING (session_id) LEFT JOIN c USING (session_id)
 """
 
 # Every column a report or comparison may group sessions by (`groups.py` names them): session_info's, the
@@ -415,7 +422,8 @@ FROM (SELECT *, unnest(range(1, n + 1)) AS k FROM r)
 
 VIEWS: tuple[View, ...] = (
     View("turns", "one row per model call that produced output, numbered per session (turn 1, 2, ...) and within "
-         "its stored thread segment (segment_id, segment_turn)", TURNS),
+         "its stored thread segment (segment_id, segment_turn); malformed_tool_calls: in serve mode, call-shaped "
+         "text the policy's tool-call format could not read (answered as text)", TURNS),
     View("tool_calls", "every tool call a model made: turn, position, kind, file path, command, target, check kind",
          TOOL_CALLS),
     View("tool_results", "one row per tool call id that got a result: is_error, exit code, error text, failed",

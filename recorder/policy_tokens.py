@@ -12,7 +12,11 @@ extension object under `TOKENS_KEY` to the response body it sends:
 - Chat Completions answers use vLLM's own fields instead (`prompt_token_ids`,
   per-choice `token_ids`, `logprobs.content`), which the chat codec reads.
 
-    "forge": {"prompt_token_ids": [...], "completion_token_ids": [...], "completion_logprobs": [...]}
+    "forge": {"prompt_token_ids": [...], "completion_token_ids": [...], "completion_logprobs": [...],
+              "malformed_tool_calls": N}
+
+(`malformed_tool_calls`: call-shaped spans of the generated text that did not
+parse as a tool call and went to the harness as text; stored on the call.)
 
 (The recorder tags the call with the policy version itself: `--policy-version`.)
 
@@ -30,11 +34,12 @@ TOKENS_KEY = "forge"
 
 
 def token_extension(prompt_ids: list[int] | None, completion_ids: list[int],
-                    logprobs: list[float] | None) -> dict[str, Any]:
+                    logprobs: list[float] | None, malformed_tool_calls: int = 0) -> dict[str, Any]:
     """Inverse of `read_token_extension`."""
     return {"prompt_token_ids": None if prompt_ids is None else list(prompt_ids),
             "completion_token_ids": list(completion_ids),
-            "completion_logprobs": None if logprobs is None else list(logprobs)}
+            "completion_logprobs": None if logprobs is None else list(logprobs),
+            "malformed_tool_calls": malformed_tool_calls}
 
 
 def read_token_extension(body: Any, exchange: Exchange) -> None:
@@ -50,6 +55,9 @@ def read_token_extension(body: Any, exchange: Exchange) -> None:
         exchange.completion_token_ids = completion
     if isinstance(logprobs, list) and all(isinstance(v, (int, float)) for v in logprobs):
         exchange.completion_logprobs = [float(v) for v in logprobs]
+    malformed = ext.get("malformed_tool_calls")
+    if isinstance(malformed, int) and not isinstance(malformed, bool) and malformed >= 0:
+        exchange.malformed_tool_calls = malformed
 
 
 def _ints(value: Any) -> bool:

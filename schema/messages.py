@@ -139,6 +139,7 @@ class Exchange:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
+    malformed_tool_calls: int | None = None  # serve mode: call-shaped text the policy's format could not read
     blobs: dict[str, bytes] = field(default_factory=dict)
 
 

@@ -17,6 +17,9 @@ version; their tables did not change.
 - `m003_tools_absent` (v2 -> v3): every call says whether it holds tool calls
   or results while its request defined no tools (`segments.tools_absent`,
   from the stored tools and the part types its refs point at).
+- `m004_malformed_tool_calls` (v3 -> v4): calls get `malformed_tool_calls`,
+  which serve mode records from then on; for calls recorded before it the
+  count was never kept, so it is null.
 """
 
 from __future__ import annotations
@@ -149,7 +152,13 @@ def _m003(root: Path) -> None:
         atomic_write_table(path, table, "calls", 3)
 
 
+def _m004(root: Path) -> None:
+    for path in map(Path, data_files(root, "calls")):
+        atomic_write_table(path, conform(pq.read_table(path), TABLES["calls"]), "calls", 4)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m002_segments_and_harness_rank", 1, _m002),
     Migration("m003_tools_absent", 2, _m003),
+    Migration("m004_malformed_tool_calls", 3, _m004),
 )

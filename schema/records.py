@@ -163,6 +163,7 @@ def call_rows(record: CallRecord, seen_parts: set[str], seen_blobs: set[str]) ->
         "prompt_token_ids": ex.prompt_token_ids,
         "completion_token_ids": ex.completion_token_ids,
         "completion_logprobs": ex.completion_logprobs,
+        "malformed_tool_calls": ex.malformed_tool_calls,
         "policy_version": record.policy_version,
     }
     return row, message_rows, blob_rows

@@ -17,7 +17,9 @@ each part's message index, `input_roles` each message's role and
 Each trainable call carries its place in the session's threads (`schema/segments.py`,
 computed once as the call is written): segment index, why the segment started,
 its parent segment, and the call it continues; and whether it holds tool calls
-while its request defined no tools (`tools_absent`).
+while its request defined no tools (`tools_absent`); and, for calls a policy served
+(`forge-record serve`), how many call-shaped spans of its text did not parse as a tool call and
+stayed text (`malformed_tool_calls`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import pyarrow as pa
 if TYPE_CHECKING:  # importing `datasets` costs ~2 s; only `features()` needs it
     import datasets
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 TS = pa.timestamp("us", tz="UTC")
 
 SESSIONS = pa.schema([
@@ -93,6 +95,7 @@ CALLS = pa.schema([
     ("parent_position", pa.int32()),
     ("continues_call", pa.string()),
     ("tools_absent", pa.bool_()),
+    ("malformed_tool_calls", pa.int32()),
 ])
 
 MESSAGES = pa.schema([
@@ -173,6 +176,9 @@ COLUMN_DOCS: dict[str, str] = {
     "calls.tools_absent": "the input or output holds tool calls or results, but the request defined no tools "
                           "(Codex with its own default model): no training row can show the model their "
                           "definitions; null for calls recorded without a parsed exchange",
+    "calls.malformed_tool_calls": "serve mode: call-shaped spans of the generated text that did not parse as a "
+                                  "tool call in the policy's format and were answered as text; null for calls "
+                                  "no forgerl gateway served (or recorded before schema v4)",
     "outcomes.status": "success | failed (graded, reward < 1 or harness error) | timeout | infra_error "
                        "(never scored: retried, then discarded from training and pass@k)",
     "outcomes.reward": "weighted mean of the graded parts, in [0, 1]; null for infra_error",

@@ -73,7 +73,7 @@ def test_thread_tokens_are_the_engine_ids(chat_data, tmp_path):
     assert quick["prompt_rerender"]["checked"] == 2 and quick["history_rerender"]["where"] == {"stripped_think": 1}
     assert by_id["chat-plain:0"]["retokenized"] and by_id["chat-plain:0"]["template_consistent"] is False
     assert manifest["counts"]["engine_ids"] == 4 and manifest["counts"]["retokenized"] == 1
-    assert manifest["tokenizer"]["sha256"] and manifest["input"]["schema_version"] == 3
+    assert manifest["tokenizer"]["sha256"] and manifest["input"]["schema_version"] == 4
 
 
 def test_drift_report_samples_segments_by_default(chat_data, tmp_path, monkeypatch):

@@ -39,9 +39,10 @@ def _verb(*args: str) -> str:
 def test_every_verb_reads_a_v1_dataset_and_they_agree(v1, tmp_path):
     listed = json.loads(_verb("forge-record", "ls", str(v1), "--json"))  # the first reader upgrades it
     manifest = json.loads((v1 / store.MANIFEST).read_text())
-    assert manifest["schema_version"] == tables.SCHEMA_VERSION == 3
-    assert manifest["migrations"] == ["m002_segments_and_harness_rank", "m003_tools_absent"]
-    assert all(store.file_version(Path(p)) == 3 for p in store.data_files(v1, "calls"))
+    assert manifest["schema_version"] == tables.SCHEMA_VERSION == 4
+    assert manifest["migrations"] == ["m002_segments_and_harness_rank", "m003_tools_absent",
+                                     "m004_malformed_tool_calls"]
+    assert all(store.file_version(Path(p)) == 4 for p in store.data_files(v1, "calls"))
     assert all(store.file_version(Path(p)) == 2 for p in store.data_files(v1, "sessions"))
 
     calls = store.read_table(v1, "calls")
@@ -61,7 +62,7 @@ def test_every_verb_reads_a_v1_dataset_and_they_agree(v1, tmp_path):
     out = tmp_path / "atif"
     _verb("forge-convert", str(v1), "--to", "atif", "--out", str(out))
     converted = json.loads((out / "manifest.json").read_text())
-    assert converted["input"]["schema_version"] == 3
+    assert converted["input"]["schema_version"] == 4
     segment_ids = {f"{s}:{i}" for s, i in zip(calls.column("session_id").to_pylist(),
                                              calls.column("segment_index").to_pylist()) if i is not None}
     assert converted["counts"]["segments"] == len(segment_ids) == 24
@@ -123,5 +124,5 @@ def test_an_upgrade_waits_for_live_writers(v1):
     finally:
         held.release()
     assert pq.read_schema(store.data_files(v1, "calls")[0]).names == [
-        n for n in tables.CALLS.names if n not in (*segments.NO_PLACE, "tools_absent")]
+        n for n in tables.CALLS.names if n not in (*segments.NO_PLACE, "tools_absent", "malformed_tool_calls")]
     assert store.read_table(v1, "calls").schema == tables.CALLS

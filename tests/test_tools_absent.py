@@ -113,13 +113,14 @@ def test_the_migration_decides_as_the_writer(recorded, tmp_path):
         for path in map(Path, store.data_files(recorded, table)):
             data = pq.read_table(path)
             if table == "calls":
-                data = data.drop_columns(["tools_absent"])
+                data = data.drop_columns(["tools_absent", "malformed_tool_calls"])
             store.atomic_write_table(root / table / path.name, data, table, 2)
     manifest = store.read_manifest(recorded)
     store.write_manifest(root, {**manifest, "schema_version": 2})
-    assert pq.read_schema(store.data_files(root, "calls")[0]).names == tables.CALLS.names[:-1]
+    assert pq.read_schema(store.data_files(root, "calls")[0]).names == tables.CALLS.names[:-2]
     upgraded = upgrade(root)
-    assert upgraded["schema_version"] == 3 and upgraded["migrations"][-1] == "m003_tools_absent"
+    assert upgraded["schema_version"] == 4 and upgraded["migrations"][-2:] == ["m003_tools_absent",
+                                                                               "m004_malformed_tool_calls"]
     assert flags(root) == flags(recorded)
     assert pq.read_schema(store.data_files(root, "calls")[0]).field("tools_absent").type == pa.bool_()
 

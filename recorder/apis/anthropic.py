@@ -93,7 +93,7 @@ class AnthropicCodec:
                 "usage": _render_usage(answer.usage)}
         if answer.completion_token_ids is not None:
             body[TOKENS_KEY] = token_extension(answer.prompt_token_ids, answer.completion_token_ids,
-                                               answer.completion_logprobs)
+                                               answer.completion_logprobs, answer.turn.malformed)
         return body
 
     def render_stream(self, answer: Answer, request: Mapping[str, Any], pieces: Pieces = chunks) -> Iterator[Frame]:

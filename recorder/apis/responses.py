@@ -252,7 +252,7 @@ def _response(answer: Answer, request: Mapping[str, Any], status: str, output: l
             **{key: default if request.get(key) is None else request[key] for key, default in _ECHOED.items()}}
     if done and answer.completion_token_ids is not None:
         body[TOKENS_KEY] = token_extension(answer.prompt_token_ids, answer.completion_token_ids,
-                                           answer.completion_logprobs)
+                                           answer.completion_logprobs, answer.turn.malformed)
     return body
 
 

@@ -1,0 +1,44 @@
+"""Serve mode records, per call, the call-shaped text its tool-call format could not read (it stays text),
+and `forge-analyze` shows it in the `turns` view: a served call with a malformed `<tool_call>` counts 1."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import openai
+
+from forgerl.analysis import connect
+
+from conftest import RecorderProcess, session_calls
+from serve_fixtures import TOKENIZER_DIR
+
+BROKEN = 'Let me run it. <tool_call>\n{"name": "Bash", "arguments": {oops}}\n</tool_call>'
+GOOD = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+
+
+def test_a_malformed_call_is_counted_on_the_recorded_call_and_in_the_turns_view(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([BROKEN, GOOD, BROKEN]))
+    data = tmp_path / "data"
+    proc = RecorderProcess(data, None, "--policy", f"script:{script}", "--tokenizer", str(TOKENIZER_DIR),
+                           "--served-model", "tiny").start()
+    try:
+        client = anthropic.Anthropic(base_url=proc.base("a"), api_key="sk-ant-api03-servetestservetest")
+        with client.messages.stream(model="claude-x", max_tokens=200,
+                                    messages=[{"role": "user", "content": "go"}]) as stream:
+            broken = stream.get_final_message()
+        good = client.messages.create(model="claude-x", max_tokens=200, messages=[{"role": "user", "content": "go"}])
+        responses = openai.OpenAI(base_url=proc.base("o") + "/v1", api_key="sk-proj-servetestservetestserve")
+        answered = responses.responses.create(model="gpt-x", input="go")
+    finally:
+        proc.stop()
+    assert [b.type for b in broken.content] == ["text"] and "<tool_call>" in broken.content[0].text
+    assert [b.type for b in good.content] == ["tool_use"]
+    assert "<tool_call>" in answered.output_text
+
+    calls = session_calls(data, "a", 2) + session_calls(data, "o", 1)
+    assert [c["malformed_tool_calls"] for c in calls] == [1, 0, 1]
+    rows = connect(data).sql("SELECT session_id, model, sum(malformed_tool_calls) AS malformed, count(*) AS turns "
+                             "FROM turns GROUP BY ALL ORDER BY session_id").fetchall()
+    assert rows == [("a", "claude-x", 1, 2), ("o", "gpt-x", 1, 1)]
