@@ -37,7 +37,7 @@ from forgerl.recorder.writer_process import RecorderFailure
 
 from .grading import Judge
 from .harnesses import Harness
-from .pod import RECORDER_FAILURE, RESULT_KEYS
+from .pod import NOTES_CUT, RECORDER_FAILURE, RESULT_KEYS, logged_result
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
 from .simulated_user import UserModel
 
@@ -221,7 +221,9 @@ class KubernetesRunner(BatchRunner):
             raise RecorderFailure(result.get("error") or "the recorder failed")
         if result["status"] != "graded":
             raise InfraError(result.get("error") or "the pod reported an infra error")
-        extra = {**{k: v for k, v in result.items() if k not in RESULT_KEYS},
+        if result.get(NOTES_CUT):  # the notes did not fit the termination message: the log line has them all
+            result = logged_result(logs, session) or result
+        extra = {**{k: v for k, v in result.items() if k not in (*RESULT_KEYS, NOTES_CUT)},
                  "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None}
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, result["scores"],
                               bool(result.get("timed_out")), result.get("returncode"), model=self.model, extra=extra)

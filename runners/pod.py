@@ -47,16 +47,32 @@ RESULT_PREFIX = "FORGE_RESULT "
 RECORDER_FAILURE = "recorder_failure"  # the result status that stops the run
 RESULT_KEYS = ("session", "status", "scores", "timed_out", "error")  # the rest of a result: the outcome's extra
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+NOTES_CUT = "notes_cut"  # in a termination message that had to leave out the outcome's notes
 HARNESS_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")  # from the pod's environment (the template: a Secret)
 
 
 def _fit(result: dict) -> str:
-    """The result as JSON within the termination-message limit (the final answer is cut first)."""
+    """The result as JSON within the termination-message limit: the final answer is cut first, then the rest of
+    the outcome's notes (`NOTES_CUT`: the runner reads them from the `FORGE_RESULT` log line)."""
     text = json.dumps(result, ensure_ascii=False)
-    if len(text.encode()) > TERMINATION_LIMIT and result.get("final_answer"):
-        result = {**result, "final_answer": None}
+    for keep in (lambda k: k != "final_answer", lambda k: k in (*RESULT_KEYS, "returncode")):
+        if len(text.encode()) <= TERMINATION_LIMIT:
+            break
+        result = {k: v for k, v in result.items() if keep(k)} | {NOTES_CUT: True}
         text = json.dumps(result, ensure_ascii=False)
     return text
+
+
+def logged_result(logs: str | None, session: str) -> dict | None:
+    """The whole result from the pod's `FORGE_RESULT` log line, if the log holds this session's."""
+    for line in reversed((logs or "").splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            try:
+                result = json.loads(line[len(RESULT_PREFIX):])
+            except json.JSONDecodeError:
+                return None
+            return result if isinstance(result, dict) and result.get("session") == session else None
+    return None
 
 
 def pod_config(env: dict[str, str]) -> AttemptConfig:

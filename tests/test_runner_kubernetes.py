@@ -230,3 +230,30 @@ def test_a_service_that_cannot_start_in_its_pod_is_an_infra_error(cluster, recor
     assert outcome.status == "infra_error" and outcome.row()["reward"] is None
     assert "service 'contacts' exited with status 1 before its health check answered: no contacts here" in outcome.error
     assert all(p["deleted"] for p in cluster.pods())
+
+
+def test_a_result_too_long_for_the_termination_message_is_read_whole_from_the_pod_log():
+    """Kubernetes keeps 4096 bytes of a termination message: a result whose notes do not fit (a verifier's output,
+    a long final answer) is cut to its scores there, and the runner takes the notes from the FORGE_RESULT line."""
+    from kubernetes import client
+
+    from forgerl.runners.kubernetes import PodReport
+    from forgerl.runners.pod import RESULT_PREFIX, TERMINATION_LIMIT, _fit
+    from forgerl.runners.rollout import now
+
+    result = {"session": "s-1", "status": "graded", "scores": {"answer": 1.0}, "timed_out": False, "returncode": 0,
+              "final_answer": "a" * 3000, "verifier": {"output_tail": "x" * 2000},  # a Harbor task's notes
+              "dockerfile_not_honoured": [f"RUN step {i} " + "y" * 280 for i in range(10)]}
+    message = _fit(result)
+    assert len(message.encode()) <= TERMINATION_LIMIT
+    assert json.loads(message) == {"session": "s-1", "status": "graded", "scores": {"answer": 1.0},
+                                   "timed_out": False, "returncode": 0, "notes_cut": True}
+    r = KubernetesRunner(get_harness("claude-code"), "http://recorder:8787", client.ApiClient())
+    report = PodReport("Succeeded", message, "Completed", 0)
+    log = f"harness output\n{RESULT_PREFIX}{json.dumps(result)}\n"
+    outcome = r._outcome(Rollout(find_task(BENCH, NOVEL_TASK), 0), "s-1", now(), report, log)
+    assert outcome.status == "success" and outcome.extra["final_answer"] == "a" * 3000
+    assert outcome.extra["verifier"] == {"output_tail": "x" * 2000} and "notes_cut" not in outcome.extra
+    assert outcome.extra["dockerfile_not_honoured"] == result["dockerfile_not_honoured"]
+    short = r._outcome(Rollout(find_task(BENCH, NOVEL_TASK), 0), "s-1", now(), report, None)  # no log: the scores
+    assert short.status == "success" and "final_answer" not in short.extra
