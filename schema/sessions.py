@@ -12,6 +12,10 @@ reader, which skips row groups whose `session_id` statistics rule it out. So
 a read costs the session's own rows plus a listing of file names, however
 large the dataset grows (`bench/session_read.py`). Files of an older schema
 version go through the store's conforming reader.
+
+Each file is read with `ParquetFile` on the calling thread: a runner reads a
+few small files per rollout, and `pq.read_table` (a dataset, a scanner and
+Arrow's thread pool per call) costs 2-4 times the CPU on those.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ _LOCK = threading.Lock()
 def _info(path: str) -> _Info:
     info = _INDEX.get(path)
     if info is None:
-        sessions = pq.read_table(path, columns=["session_id"]).column("session_id").to_pylist()
+        sessions = pq.ParquetFile(path).read(["session_id"], use_threads=False).column("session_id").to_pylist()
         info = (file_version(Path(path)), Counter(sessions))
         with _LOCK:
             _INDEX[path] = info
@@ -79,8 +83,19 @@ def session_rows(root: str | Path, table: str, session: str, columns: list[str])
     if any(_INDEX[f][0] != SCHEMA_VERSION for f in files if f in _INDEX):
         rows = read_files(table, map(Path, files))
         return rows.filter(pc.equal(rows.column("session_id"), session)).select(columns)
-    wanted = pc.field("session_id") == session
-    return pa.concat_tables([pq.read_table(f, columns=columns, filters=wanted) for f in files]).select(columns)
+    return pa.concat_tables([_file_rows(f, session, columns) for f in files])
+
+
+def _file_rows(path: str, session: str, columns: list[str]) -> pa.Table:
+    """The session's rows of one file, `columns` only, from the row groups whose statistics may hold it."""
+    parquet = pq.ParquetFile(path)
+    meta = parquet.metadata
+    column = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == "session_id")
+    groups = [g for g in range(meta.num_row_groups)
+              if not (stats := meta.row_group(g).column(column).statistics) or not stats.has_min_max
+              or stats.min <= session <= stats.max]
+    rows = parquet.read_row_groups(groups, list(dict.fromkeys([*columns, "session_id"])), use_threads=False)
+    return rows.filter(pc.equal(rows.column("session_id"), session)).select(columns)
 
 
 # What taking up a session's threads reads of its stored calls: everything but the raw bytes and bodies.
