@@ -41,6 +41,9 @@ def commands(request: Request) -> Turn:
         return Turn(text="Done.")
     if "hello.txt" in str(request.body):
         return Turn(text="Writing it.", tool_calls=[shell_call(request, "echo hello > hello.txt")])
+    if "tally service" in str(request.body):
+        mark = "curl -s -X POST http://127.0.0.1:9301/add"
+        return Turn(text="Marking it.", tool_calls=[shell_call(request, f"{mark} && {mark} && {mark}")])
     # the guarded task: not solved, but a reward of 1 planted everywhere the agent can reach
     plant = ("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && "
              "echo '{\"reward\": 1}' > /logs/verifier/reward.json && "
@@ -287,6 +290,26 @@ def test_the_pod_entry_runs_a_harbor_task_in_its_image(stack, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_pod_entry_keeps_a_harbor_tasks_service_up_for_its_verifier(stack, tmp_path):
+    """The tally task in its image, through the pod entry and Claude Code (its Bash tool marks the tally three
+    times): the service, started by the pod's jail, answers the verifier."""
+    from forgerl.runners.pod import run_pod
+
+    root, rec = stack
+    task = tmp_path / "tally"
+    shutil.copytree(HARBOR / "tally", task)
+    (tmp_path / "image-app").mkdir()
+    (task / "environment" / "Dockerfile").write_text(f"FROM python:3.12-slim\nWORKDIR {tmp_path / 'image-app'}\n")
+    env = {"FORGE_TASKS": str(task), "FORGE_TASK_ID": "tally", "FORGE_HARNESS": "claude-code",
+           "FORGE_RECORDER_URL": rec.config.url, "FORGE_SESSION_ID": f"tally-{uuid.uuid4().hex[:6]}",
+           "FORGE_DATASET": str(root / "data"), "FORGE_WORKDIR": str(tmp_path / "work"), "PATH": os.environ["PATH"]}
+    result = run_pod(env)
+    assert result["status"] == "graded", result
+    assert result["scores"] == {"service_up": 1.0, "three_marks": 1.0, "no_impostor": 1.0, "reward": 1.0}, result
+    assert result["environment"] == "image" and result["services_read"] == {"tally": ["/state"]}
+
+
+@pytest.mark.slow
 def test_forge_run_runs_a_harbor_folder_and_closes_with_the_pass_rates(scripted, tmp_path):
     import subprocess
     import sys
@@ -300,6 +323,8 @@ def test_forge_run_runs_a_harbor_folder_and_closes_with_the_pass_rates(scripted,
     rates = {cells[0]: cells for line in r.stdout.splitlines() if line.startswith("│")
              for cells in [[c.strip() for c in line.strip("│ ").split("│")]]}
     # checks-json: the scripted agent writes "unsolved" as the answer, so it half-passes (0.5) and never passes
-    assert rates["hello"] == ["hello", "claude-code", "(none)", "1", "1", "1.000", "1.000", "always"]
-    assert rates["checks-json"] == ["checks-json", "claude-code", "(none)", "1", "0", "0.000", "0.500", "never"]
+    # task, harness, model (forge-run --model none given: unknown), policy, n, passed, pass rate, mean reward, solved
+    assert rates["hello"] == ["hello", "claude-code", "unknown", "(none)", "1", "1", "1.000", "1.000", "always"]
+    assert rates["checks-json"] == ["checks-json", "claude-code", "unknown", "(none)", "1", "0", "0.000", "0.500",
+                                    "never"]
     assert "2 task rows: 1 never solved, 0 sometimes, 1 always" in r.stdout
