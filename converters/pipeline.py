@@ -23,7 +23,7 @@ from .drift import DriftReport
 from .filters import Filters
 from .samples import Mode, samples
 from .shards import Output, SeenSet, ShardWriter, split_of
-from .source import blob_bytes, check_dataset, iter_sessions
+from .source import check_dataset, iter_sessions
 from .threads import segment_session
 from .tokenizer import load_tokenizer, tokenizer_hash
 from .tokens import Renderer, has_engine_ids, tokenize, token_row
@@ -174,7 +174,7 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, p
                 dropped[reason] += 1
                 continue
             counts["samples"] += 1
-            for row, prefix in _rows(opts, renderer, pads, sample, drift, counts, root):
+            for row, prefix in _rows(opts, renderer, pads, sample, drift, counts):
                 if seen is not None and not seen.add(_dedupe_key(opts.target, row)):
                     counts["duplicates_dropped"] += 1
                     continue
@@ -215,12 +215,13 @@ def _check_tools_absent(opts: Options, counts: Counter) -> None:
 
 
 def _rows(opts: Options, renderer: Renderer | None, pads: ImagePads | None, sample, drift: DriftReport,
-          counts: Counter, root: Path):
+          counts: Counter):
     if opts.target == "tokens":
         prefer_engine = opts.tokens_from == "engine"
         parts = [] if prefer_engine and has_engine_ids(sample) else sample.image_parts  # engine ids hold the pads
         sized = [p.blob_hash for p in parts if p.blob_hash and not (p.width and p.height)]
-        images = sample_images(pads, parts, blob_bytes(root, sized), sample.session.session_id, opts.tokenizer)
+        images = sample_images(pads, parts, sample.session.blob_bytes(sized), sample.session.session_id,
+                               opts.tokenizer)
         ts = tokenize(renderer, sample, prefer_engine=prefer_engine, images=images)
         if ts is not None:
             drift.note_tokens(ts)
@@ -229,7 +230,7 @@ def _rows(opts: Options, renderer: Renderer | None, pads: ImagePads | None, samp
     elif opts.target == "verl-sft":
         parts = sample.image_parts
         hashes = [p.blob_hash for p in parts if p.blob_hash]
-        row = verl.sft_row(sample, image_bytes(parts, blob_bytes(root, hashes), sample.session.session_id))
+        row = verl.sft_row(sample, image_bytes(parts, sample.session.blob_bytes(hashes), sample.session.session_id))
         yield row, "mm" if "images" in row else "part"
     elif opts.target == "verl-rl":
         if sample.segment.parent is None:

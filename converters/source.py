@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from bisect import bisect_right
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cached_property, lru_cache
 from operator import itemgetter
@@ -113,7 +114,12 @@ class Session:
     harness: str | None
     calls: list[Call]
     outcome: dict[str, Any] | None = None
-    blobs: dict[str, str | None] = field(default_factory=dict)  # blob hash -> media type
+    blobs: SessionBlobs | None = None  # where this session's blobs lie, and the run's reader
+
+    def blob_bytes(self, hashes: list[str]) -> dict[str, bytes]:
+        """The bytes of some of the session's blobs (images for verl-sft rows), read by hash: only the row
+        groups that hold them, never the other blob files. Hashes it has no blob for are left out."""
+        return self.blobs.read(hashes) if self.blobs is not None and hashes else {}
 
     @property
     def reward(self) -> float | None:
@@ -261,11 +267,7 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
     outcomes = {r["session_id"]: r for r in con.sql(
         "SELECT * FROM outcomes QUALIFY row_number() OVER (PARTITION BY session_id "
         "ORDER BY attempt DESC NULLS LAST, t_end DESC NULLS LAST) = 1").to_arrow_table().to_pylist()}
-    blob_media = con.execute("SELECT session_id, blob_hash, any_value(media_type) FROM blobs "
-                             "GROUP BY session_id, blob_hash ORDER BY session_id").fetchall()
-    blobs: dict[str, dict[str, str | None]] = {}
-    for sid, digest, media in blob_media:
-        blobs.setdefault(sid, {})[digest] = media
+    blobs = _blob_places(con, root)
     call_files = data_files(root, "calls")  # the files the views read: one snapshot for the whole run
     for lo, hi in _session_ranges(root, con):
         # Two cursors, both ordered by session: merge them one session at a time.
@@ -289,7 +291,7 @@ def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
                 raise DatasetError(f"{root}: call {call} references a missing part {sorted(missing)[0]!r}")
             memo = MessageMemo()
             built = [Call(row, by_hash, memo) for row in rows]
-            yield Session(session_id, harness, built, outcomes.get(session_id), blobs.get(session_id, {}))
+            yield Session(session_id, harness, built, outcomes.get(session_id), blobs.get(session_id))
 
 
 def _memory_bytes() -> int:
@@ -340,13 +342,67 @@ def _session_ranges(root: Path, con: duckdb.DuckDBPyConnection) -> list[tuple[st
     return ranges
 
 
-def blob_bytes(root: Path, hashes: list[str]) -> dict[str, bytes]:
-    """The bytes of some blobs (images for verl-sft rows), read by hash."""
-    if not hashes:
-        return {}
+_BLOB_PLACES_SQL = """
+SELECT session_id, blob_hash, min(filename) AS file, arg_min(file_row_number, filename) AS row
+FROM read_parquet($files, union_by_name=true, filename=true, file_row_number=true) GROUP BY 1, 2
+"""
+
+
+def _blob_places(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, SessionBlobs]:
+    """Each session's blobs: hash -> (file, row number), from the narrow columns only (no bytes read)."""
     files = data_files(root, "blobs")
     if not files:
         return {}
-    table = pq.read_table(files, columns=["blob_hash", "data"],
-                          filters=[("blob_hash", "in", list(set(hashes)))])
-    return dict(zip(table.column("blob_hash").to_pylist(), table.column("data").to_pylist()))
+    reader = BlobReader()
+    out: dict[str, SessionBlobs] = {}
+    for session_id, digest, path, row in con.execute(_BLOB_PLACES_SQL, {"files": files}).fetchall():
+        out.setdefault(session_id, SessionBlobs({}, reader)).places[digest] = (path, row)
+    return out
+
+
+@dataclass
+class SessionBlobs:
+    """Where one session's blobs lie (blob hash -> file and row number), read through the run's reader."""
+
+    places: dict[str, tuple[str, int]]
+    reader: BlobReader
+
+    def read(self, hashes: list[str]) -> dict[str, bytes]:
+        return self.reader.read({h: self.places[h] for h in set(hashes) if h in self.places})
+
+
+class BlobReader:
+    """Blob bytes by place: the `data` of the row group holding each, the last one decoded kept for the next
+    read (a session's blobs are written together, so its images mostly share one row group). Reading a
+    sample's images thus costs the row groups they lie in, not a pass over every blob file."""
+
+    def __init__(self) -> None:
+        self._starts: dict[str, list[int]] = {}  # file -> first row number of each row group, and the total
+        self._group: tuple[tuple[str, int], pa.Array] | None = None
+
+    def read(self, places: Mapping[str, tuple[str, int]]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for digest, (path, row) in sorted(places.items(), key=itemgetter(1)):
+            group, offset = self._locate(path, row)
+            data = self._data(path, group)[offset].as_py()
+            if data is not None:
+                out[digest] = data
+        return out
+
+    def _locate(self, path: str, row: int) -> tuple[int, int]:
+        """(row group, row within it) of a file's row number, from the file's footer (read once)."""
+        starts = self._starts.get(path)
+        if starts is None:
+            meta = pq.ParquetFile(path).metadata
+            starts = [0]
+            for g in range(meta.num_row_groups):
+                starts.append(starts[-1] + meta.row_group(g).num_rows)
+            self._starts[path] = starts
+        group = bisect_right(starts, row) - 1
+        return group, row - starts[group]
+
+    def _data(self, path: str, group: int) -> pa.Array:
+        if self._group is None or self._group[0] != (path, group):
+            column = pq.ParquetFile(path).read_row_group(group, columns=["data"]).column("data")
+            self._group = ((path, group), column.combine_chunks())
+        return self._group[1]

@@ -176,3 +176,52 @@ def test_images_recorded_without_sizes_are_counted_from_their_bytes(gui_data, tm
     convert(old, tmp_path / "old-tok", "--to", "tokens", "--tokenizer", tokenizer)
     (new_row,), (old_row,) = rows(tmp_path / "new-tok"), rows(tmp_path / "old-tok")
     assert old_row["input_ids"] == new_row["input_ids"] and len(old_row["images"]) == STEPS
+
+
+def _spoil_data_pages(path) -> None:
+    """Make a blobs file's `data` column unreadable (its first page header overwritten), footer intact."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    column = meta.schema.to_arrow_schema().get_field_index("data")
+    with open(path, "r+b") as f:
+        for g in range(meta.num_row_groups):
+            f.seek(meta.row_group(g).column(column).data_page_offset)
+            f.write(b"\xff" * 16)
+
+
+def test_a_sample_reads_only_the_blobs_it_refers_to(tmp_path):
+    """verl-sft reads a sample's images where its session's blob index says they lie: the other sessions' blob
+    files (here unreadable past their footers) are never read for it, as every file holding the hash was,
+    once per sample."""
+    import pyarrow.parquet as pq
+
+    from forgerl.schema.messages import Exchange, Message, Part, sha256_hex
+    from forgerl.schema.records import CallRecord
+    from forgerl.schema.store import DatasetWriter, data_files
+    from datetime import datetime, timezone
+
+    root, kept = tmp_path / "data", screenshot(2)
+    with DatasetWriter(root, flush_interval=3600) as writer:
+        for s in range(4):  # a flush per session: a blobs file each, as a recorder flushing every few seconds
+            sid = f"s{s}"
+            writer.add_session(sid, harness="keep" if s == 2 else "other")
+            # every session starts on the same page: each stores its own copy of that screenshot
+            shots = [kept] + ([] if s == 2 else [screenshot(10 + s)])
+            images = tuple(Part("image", blob_hash=sha256_hex(d), media_type="image/png", width=640, height=400)
+                           for d in shots)
+            ex = Exchange(input=[Message("user", (Part("text", text=f"task {s}"), *images))],
+                          output=[Message("assistant", (Part("text", text="done"),))],
+                          blobs={sha256_hex(d): d for d in shots})
+            writer.add_call(CallRecord(call_id=f"{sid}-0", session_id=sid, api="chat", method="POST",
+                                       path="/v1/chat/completions", t_start=datetime(2026, 12, 1, tzinfo=timezone.utc),
+                                       status=200, complete=True, exchange=ex, seq=writer.next_seq()))
+            writer.flush()
+    files = data_files(root, "blobs")
+    assert len(files) == 4
+    for path in files:
+        if pq.read_table(path, columns=["session_id"]).column(0)[0].as_py() != "s2":
+            _spoil_data_pages(path)
+    convert(root, tmp_path / "sft", "--to", "verl-sft", "--harness", "keep")
+    (row,) = [r for f in sorted((tmp_path / "sft").glob("*/*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert [image["bytes"] for image in row["images"]] == [kept]
