@@ -452,7 +452,8 @@ VIEWS: tuple[View, ...] = (
 )
 
 # The views that several others read: a report computes them into tables once (`register(con, SHARED)`).
-SHARED = ("turns", "tool_calls", "tool_results", "session_info", "session_groups", "session_metrics")
+SHARED = ("turns", "tool_calls", "tool_results", "session_info", "session_groups", "session_metrics",
+          "outcome_scopes")  # attempts, pass_k and every pass curve read outcome_scopes: one scan of calls
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> None:
