@@ -18,7 +18,11 @@ the same background load; the median ratio counts):
 setup + grading (which first asks the recorder's flush barrier to make the
 session's calls durable, so the transcript holds every call) + teardown, per
 rollout, from the timings each outcome records. The ratio column is runner
-throughput / bare throughput.
+throughput / bare throughput. "bare cpu ms" and "runner cpu ms" are the
+whole machine's busy CPU time per rollout while each side ran (/proc/stat;
+median of the trials): on 2 cores, where 4 and 16 harnesses at once are
+CPU-bound, their ratio is about the throughput ratio those levels can reach,
+and it is only meaningful on an otherwise quiet machine.
 """
 
 from __future__ import annotations
@@ -46,6 +50,13 @@ from forgerl.runners.local import LocalRunner  # noqa: E402
 from forgerl.runners.rollout import Rollout  # noqa: E402
 from forgerl.runners.tasks import find_task  # noqa: E402
 from forgerl.schema.store import DatasetWriter  # noqa: E402
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in f.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def bare(harness, exe: str, recorder_url: str, prompt: str, n: int, parallel: int) -> float:
@@ -96,11 +107,14 @@ def main() -> int:
             BackgroundRecorder(RecorderConfig.one_upstream(Path(tmp) / "data", up.url)) as rec:
         bare(harness, exe, rec.config.url, task.prompt, 1, 1)  # warm the CLI's files into the page cache
         for parallel in levels:
-            pairs, timings = [], []
+            pairs, cpus, timings = [], [], []
             for _ in range(trials):  # interleaved, so both sides see the same background load
+                cpu = machine_cpu_s()
                 bare_s = bare(harness, exe, rec.config.url, task.prompt, n, parallel)
+                bare_cpu, cpu = machine_cpu_s() - cpu, machine_cpu_s()
                 run_s, trial_timings = runner(harness, rec.config.url, Path(tmp) / "data", task, n, parallel)
                 pairs.append((bare_s, run_s))
+                cpus.append((1000 * bare_cpu / n, 1000 * (machine_cpu_s() - cpu) / n))
                 timings += trial_timings
 
             def mean_ms(key: str) -> float:
@@ -111,9 +125,10 @@ def main() -> int:
             rows.append([parallel, f"{trials}x{n}", f"{statistics.median(n / b for b, _ in pairs):.2f}",
                          f"{statistics.median(n / r for _, r in pairs):.2f}", f"{statistics.median(ratios):.2f}",
                          f"{ratios[0]:.2f}-{ratios[-1]:.2f}", f"{mean_ms('setup'):.0f}", f"{mean_ms('harness'):.0f}",
-                         f"{mean_ms('grade'):.0f}", f"{mean_ms('teardown'):.0f}", f"{overhead:.0f}"])
+                         f"{mean_ms('grade'):.0f}", f"{mean_ms('teardown'):.0f}", f"{overhead:.0f}",
+                         f"{statistics.median(b for b, _ in cpus):.0f}", f"{statistics.median(r for _, r in cpus):.0f}"])
     head = ["parallel", "rollouts", "bare/s", "runner/s", "ratio", "range", "setup ms", "harness ms", "grade ms",
-            "teardown ms", "overhead ms"]
+            "teardown ms", "overhead ms", "bare cpu ms", "runner cpu ms"]
     widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(head)]
     print(f"harness: {args.harness}; peer: the bare harness CLI through the same recorder; "
           f"ratio = runner throughput / bare throughput (median of the trials; range: min-max); "
