@@ -21,7 +21,9 @@ A Harbor task directory (task.toml, instruction.md, environment/,
 tests/test.sh), or a folder of them, runs the agent and then tests/test.sh
 in the same jail with the verifier's own timeout; the reward is what it
 writes to /logs/verifier/reward.txt or reward.json, and the agent cannot
-write it first. The local runner builds no image: it runs on this machine's
+write it first. Services a task.toml declares ([[forgerl.services]], which
+Harbor ignores) start before the agent and stay up through the verifier,
+while every process the agent left is gone. The local runner builds no image: it runs on this machine's
 tools (outcomes say environment: host and list the Dockerfile steps not
 honoured) with /app, /tests and /logs/verifier of each rollout's own (mount
 namespace); Kubernetes pods run in the task's image
