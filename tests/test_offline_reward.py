@@ -20,6 +20,7 @@ import pytest
 from forgerl.converters.cli import main as convert
 from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter
+from forgerl.trainer.launch import LaunchError
 from forgerl.trainer.reward import RefusedSample, compute_score, offline_rule, screen
 from forgerl.trainer.rl import AGENT_NAME, offline_screened
 
@@ -47,8 +48,8 @@ OUTCOMES = {
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, str]:
     """The task source of each kind, by task id."""
-    toml = toml_task(tmp_path_factory.mktemp("tasks"), "add", "return {'said_42': 1.0 if '42' in str(transcript) else 0.0}",
-                     prompt="What is 40 + 2?")
+    toml = toml_task(tmp_path_factory.mktemp("tasks"), "add",
+                     "return {'said_42': 1.0 if '42' in str(transcript) else 0.0}", prompt="What is 40 + 2?")
     return {"add": str(toml), "shop-buy-sencha": str(WEB_TASKS), "T001zh_email_triage": str(CLAWEVAL_TASK),
             "hello": str(HARBOR_TASK)}
 
@@ -90,7 +91,8 @@ def test_a_workspace_task_is_regraded_whatever_its_run_recorded(rows, sources):
 
 
 @pytest.mark.parametrize(("graded", "infra", "task_id", "reward", "why"), [
-    ("cc-verify-a1", "cc-verify-a2", "shop-buy-sencha", 0.25, "forgerl-web task: its checks read the apps' state after the run"),
+    ("cc-verify-a1", "cc-verify-a2", "shop-buy-sencha", 0.25,
+     "forgerl-web task: its checks read the apps' state after the run"),
     ("cc-recover2-a1", "cc-recover2-a2", "T001zh_email_triage", 0.8125,
      "ClawEval task: its grader reads the recorded session's tool dispatches and the services' audit data after "
      "the run"),
@@ -122,3 +124,14 @@ def test_forge_train_leaves_refused_rows_out_and_reports_them(rows, sources, tmp
     reason = "refused: forgerl-web task: its checks read the apps' state after the run, and its run recorded no reward"
     assert json.loads((tmp_path / "run" / "offline_rewards.json").read_text()) == {"recorded": 1, reason: 1}
     assert capsys.readouterr().err.strip() == f"forge-train: offline rewards: 1 recorded; 1 {reason}"
+
+
+def test_data_whose_every_row_is_refused_is_one_line(rows, sources, tmp_path):
+    shard = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([rows["cc-subagent-a2"]]), shard)
+    with pytest.raises(LaunchError) as refused:
+        offline_screened([str(shard)], Path(sources["hello"]), tmp_path / "run")
+    assert str(refused.value) == ("every row of --data is refused by the offline reward: 1 refused: Harbor task: its "
+                                  "verifier (tests/test.sh) checks the environment the agent left, and its run "
+                                  "recorded no reward")
+    assert not (tmp_path / "run" / "offline_rewards.json").exists()

@@ -185,5 +185,5 @@ def test_forge_runs_closing_table_counts_what_the_view_counts(two_policies, caps
     assert closing == [{k: r[k] for k in closing[0]} for r in view]
     print_table(closing, "closing")
     line = next(x for x in capsys.readouterr().out.splitlines() if "greet" in x)
-    assert [c.strip() for c in line.strip("│ ").split("│")] == ["greet", "opencode", "qwen3-8b", "step-10", "3", "1",
-                                                                 "0.333", "0.333", "sometimes"]
+    cells = [c.strip() for c in line.strip("│ ").split("│")]
+    assert cells == ["greet", "opencode", "qwen3-8b", "step-10", "3", "1", "0.333", "0.333", "sometimes"]
