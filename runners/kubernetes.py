@@ -2,10 +2,13 @@
 
 Each rollout becomes a Pod made from `deploy/pod-template.yaml` (or your own
 template): the runner sets its name, labels, image, the FORGE_* environment
-(task, session, the recorder's URL), resources from the task's limits and an
-`activeDeadlineSeconds`. The pod runs `python -m forgerl.runners.pod`, which
-prepares the workspace, runs the harness and grades it in the pod, and reports
-its scores in the termination message. The runner watches the pod to the end,
+(task, session, the recorder's URL; the judge's URL and model, never a key:
+keys come from a Secret the template names), resources from the task's limits
+and an `activeDeadlineSeconds`; a task with services or a verifier gets
+`CAP_SYS_ADMIN` for the jail's namespaces. The pod runs `python -m
+forgerl.runners.pod`, which runs the rollout as the local runner does
+(`attempt.run_attempt`: workspace, services, harness, verifier, grading) and
+reports its scores and notes in the termination message. The runner watches the pod to the end,
 reads that message and the logs, deletes the pod on every path, and writes the
 outcome.
 
