@@ -24,6 +24,7 @@ from forgerl.runners.harnesses import HARNESSES, HarnessError, RunContext
 from forgerl.runners.harnesses.base import McpServer
 from forgerl.runners.simulated_user import (USER_TURN_PREFIX, Persona, Rounds, SimulatedUser, UserModel,
                                             UserModelError, hold_dialogue, refusal)
+from forgerl.schema.messages import Message, Part
 from forgerl.schema.store import read_table
 
 from harness_checks import FORGE_RUN
@@ -48,7 +49,8 @@ DONT_KNOW = "不太清楚具体数字。"
 
 
 def _conversation(request: Request) -> str:
-    return json.dumps(request.body.get("messages") or request.body.get("input") or [], ensure_ascii=False)
+    body = request.body
+    return json.dumps(body.get("messages") or body.get("input") or body.get("contents") or [], ensure_ascii=False)
 
 
 def user_says(request: Request) -> Turn:
@@ -148,6 +150,15 @@ def test_claude_code_resumes_with_its_mcp_config(tmp_path):
     assert env["MCP_CONNECTION_NONBLOCKING"] == "0"
 
 
+def test_qwen_code_runs_without_its_memory_subagent(tmp_path):
+    """Qwen Code 0.24 otherwise ends every run (every round of a dialogue) with a call of its managed-memory
+    subagent, which the grader would read as the session's last call."""
+    ctx = _ctx(tmp_path)
+    HARNESSES["qwen-code"].full_command("/bin/qwen", ctx, reply=MESSAGE)
+    settings = json.loads((ctx.home / ".qwen" / "settings.json").read_text())
+    assert settings["memory"] == {"enableManagedAutoMemory": False, "enableManagedAutoDream": False}
+
+
 @pytest.mark.parametrize("name", ["mini-swe-agent", "zeroclaw", "browser-use"])
 def test_harnesses_that_cannot_resume_refuse(tmp_path, name):
     harness = HARNESSES[name]
@@ -226,6 +237,45 @@ def test_a_failing_user_model_is_an_error_not_the_end_of_the_dialogue(models):
     with pytest.raises(UserModelError, match=f"the user model at {up.url}/fault/500/v1 failed: InternalServerError"):
         hold_dialogue(turn, _persona(8), SimulatedUser(UserModel(f"{up.url}/fault/500/v1", USER_MODEL)))
     assert time.monotonic() - start < 20
+
+
+# ------------------------------------------------------------------ the dialogue as C01zh's grader reads it
+
+
+class ShownJudge:
+    """A judge double for a grader called in-process: keeps each conversation it is shown, scores 1.0."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+
+    def evaluate(self, task_prompt: str, conversation: str, actions: str, rubric: str):
+        from claw_eval.graders.llm_judge import JudgeResult
+        self.shown.append(conversation)
+        return JudgeResult(score=1.0, reasoning="shown")
+
+
+@pytest.mark.parametrize("as_recorded", [
+    lambda text: (Part("text", text=text),),  # Codex, Gemini CLI, OpenCode, pi
+    lambda text: (Part("text", text=f"[Fri 2026-12-04 03:04 UTC] {text}"),),  # OpenClaw's envelope
+    lambda text: (Part("text", text="<system-reminder>\nThe current date is: Friday.\n</system-reminder>"),
+                  Part("text", text=text)),  # Claude Code, Qwen Code: a reminder part before the turn
+], ids=["plain", "openclaw", "reminder"])
+def test_user_turns_reach_the_grader_as_the_user_wrote_them(as_recorded):
+    """However a harness wraps a user turn in its requests, the trace gives it to the grader as sent, so C01zh's
+    grader splits the dialogue at the last `[user_agent]` turn: the clarification part ends there."""
+    from claw_eval.graders.registry import get_grader
+    from claw_eval.models.task import TaskDefinition
+    from forgerl.runners.kinds.claweval_trace import trace
+
+    task = TaskDefinition.from_yaml(CLAWEVAL / "tasks" / C01 / "task.yaml")
+    said = [Message("user", as_recorded(task.prompt.text)), Message("assistant", (Part("text", text=QUESTION),)),
+            Message("user", as_recorded(USER_TURN_PREFIX + INFO)), Message("assistant", (Part("text", text=FINAL),))]
+    messages, _ = trace(said, task)
+    judge = ShownJudge()
+    scores = get_grader(C01, tasks_dir=CLAWEVAL / "tasks").grade(messages, [], task, judge=judge)
+    clarification, whole = judge.shown
+    assert clarification == f"[USER]: {task.prompt.text}\n[ASSISTANT]: {QUESTION}\n[USER]: [user_agent]\n{INFO}"
+    assert FINAL in whole and "system-reminder" not in whole and scores.completion == 1.0
 
 
 # ------------------------------------------------------------------ forge-run

@@ -7,7 +7,9 @@ its OpenAI auth (`--auth-type openai`, `OPENAI_BASE_URL=<recorder>/s/<session>/v
 Headless: `qwen --yolo --output-format json [-m MODEL] PROMPT` (one-shot;
 YOLO approves every tool, the runner is the sandbox). The final answer is the
 `result` of the last `{"type": "result"}` item of the JSON array on stdout;
-its own transcript is `~/.qwen/projects/<cwd>/chats/<session>.jsonl`.
+its own transcript is `~/.qwen/projects/<cwd>/chats/<session>.jsonl`. Its
+managed memory is off (`memory.enableManagedAutoMemory` and
+`enableManagedAutoDream` false in `~/.qwen/settings.json`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from forgerl.recorder.launch import qwen_code
 from .base import Harness, RunContext, openai_env
 from .mcp import gemini_settings, merged_into
 
+MEMORY_OFF = {"enableManagedAutoMemory": False, "enableManagedAutoDream": False}
+
 
 @dataclass
 class QwenCode(Harness):
@@ -33,6 +37,10 @@ class QwenCode(Harness):
 
     def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
         model = ["-m", ctx.model] if ctx.model else []
+        # Its managed memory off: after every run its extraction subagent makes one more model call (another
+        # system prompt, the conversation plus its own instructions), which would be the session's last call, the
+        # one graded; and a private HOME keeps no memory to extract or consolidate ("dream") anyway.
+        merged_into(ctx.home / ".qwen" / "settings.json", {"memory": MEMORY_OFF})
         aimed = qwen_code([exe, "--yolo", "--output-format", "json", *model, ctx.prompt], ctx.base_url, ctx.session,
                           ctx.home)
         return aimed.argv, {**aimed.env, **openai_env(ctx), "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}

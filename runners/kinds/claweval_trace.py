@@ -14,12 +14,17 @@ messages of the rollout's last model call (`GradeInput.messages`), with
   formats it), the status 200, or 500 for an error result (the recording
   holds the error flag, not the HTTP status; graders compare with 400);
 * tool results as `ToolResultBlock`s in user messages, as in ClawEval's traces;
-  system and developer messages left out.
+  system and developer messages left out;
+* user turns as the user (or a simulated user) wrote them, so a grader that
+  looks for `[user_agent]` at the start of one finds it: a text part that is
+  a harness's `<system-reminder>` alone (Claude Code, Qwen Code) is left out,
+  and OpenClaw's timestamp envelope (`[Fri 2026-12-04 03:04 UTC] `) comes off.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from claw_eval.models.content import TextBlock, ToolResultBlock, ToolUseBlock
@@ -33,6 +38,8 @@ SERVER_NAME = "claweval"  # the MCP server's name in every harness's config
 ERROR_STATUS = 500
 CODEX_PREAMBLE = "Wall time:"
 UNTRUSTED = ("<untrusted_context>", "</untrusted_context>")
+REMINDER = re.compile(r"(?:\s*<system-reminder>(?:(?!</system-reminder>).)*</system-reminder>)+\s*", re.DOTALL)
+OPENCLAW_ENVELOPE = re.compile(r"\[\w{3} \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})? [^\]\n]+\] ")
 
 
 def task_tool_name(name: str, tools: set[str]) -> str:
@@ -74,6 +81,14 @@ def _result_text(part: Part) -> str:
     return text
 
 
+def _user_text(text: str) -> str:
+    """A user turn's text part as its author wrote it ("" for a harness's reminder part)."""
+    if REMINDER.fullmatch(text):
+        return ""
+    envelope = OPENCLAW_ENVELOPE.match(text)
+    return text[envelope.end():] if envelope else text
+
+
 def _body(text: str) -> Any:
     try:
         return json.loads(text)
@@ -95,8 +110,10 @@ def trace(messages: list[Message], task: TaskDefinition,
         blocks: list = []
         reasoning: list[str] = []
         for part in message.parts:
-            if part.type == "text" and part.text:
-                blocks.append(TextBlock(text=part.text))
+            if part.type == "text":
+                text = _user_text(part.text or "") if message.role == "user" else part.text
+                if text:
+                    blocks.append(TextBlock(text=text))
             elif part.type == "reasoning" and part.text:
                 reasoning.append(part.text)
             elif part.type == "tool_call":
