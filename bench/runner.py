@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 3 trials of 16 rollouts each
     .venv/bin/python bench/runner.py --quick    # parallelism 1, 4; one trial of 4 rollouts
+    .venv/bin/python bench/runner.py --levels 1 --trials 5
 
 The model is the scripted upstream performing QwenClawBench task_00067 (one
 shell tool call that writes the query file, then a final answer) through a
@@ -97,8 +98,9 @@ def main() -> int:
     p.add_argument("--harness", default="codex", choices=["codex", "claude-code"])
     p.add_argument("--trials", type=int, default=3, help="bare/runner pairs per level (the median ratio counts)")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16], help="the parallelism levels to run")
     args = p.parse_args()
-    levels, n, trials = ((1, 4), 4, 1) if args.quick else ((1, 4, 16), 16, args.trials)
+    levels, n, trials = ((1, 4), 4, 1) if args.quick else (args.levels, 16, args.trials)
     harness = get_harness(args.harness)
     exe = harness.find()
     task = find_task(BENCH, SPARQL_TASK)
