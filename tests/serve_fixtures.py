@@ -155,14 +155,20 @@ class ScriptedPolicyServer(_ServerThread):
     shape: `token_ids`, `logprobs.token_logprobs`, `prompt_token_ids` once, `finish_reason` last, `[DONE]`).
     The turn said is the one named by the prompt's last `[[name]]` marker (else "default"); `fail_after`
     names turns that break after that many tokens with an `{"error": ...}` chunk, as vLLM reports an
-    engine failure. Logprobs are distinct per position, so a test can tell them apart."""
+    engine failure; `stall_after` names turns that stop after that many tokens until `release` is set (or
+    `stall_s` passes), as an engine stalls mid-generation. Logprobs are distinct per position, so a test can
+    tell them apart."""
 
-    def __init__(self, tokenizer, turns: dict[str, str], delay_s: float = 0.0, fail_after: dict[str, int] | None = None):
+    def __init__(self, tokenizer, turns: dict[str, str], delay_s: float = 0.0, fail_after: dict[str, int] | None = None,
+                 stall_after: dict[str, int] | None = None, stall_s: float = 10.0):
         super().__init__()
         self.tokenizer = tokenizer
         self.turns = turns
         self.delay_s = delay_s
         self.fail_after = fail_after or {}
+        self.stall_after = stall_after or {}
+        self.stall_s = stall_s
+        self.release = threading.Event()
         self.said: list[Said] = []
 
     def routes(self, app: web.Application) -> None:
@@ -201,6 +207,8 @@ class ScriptedPolicyServer(_ServerThread):
             said.logprobs.append(logprob)
             said.last_sent = time.monotonic()
             said.first_sent = said.first_sent or said.last_sent
+            if n + 1 == self.stall_after.get(name):
+                await asyncio.to_thread(self.release.wait, self.stall_s)
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
         await response.write(b"data: [DONE]\n\n")

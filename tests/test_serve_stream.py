@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,8 @@ FAIL = "This answer starts well and then the engine dies in the middle of it, mi
 CODER = ("I'll run it.\n\n<tool_call>\n<function=Bash>\n<parameter=command>\nls -la\n</parameter>\n<parameter=timeout>\n"
          "5\n</parameter>\n</function>\n</tool_call>")
 BAD = ("<tool_call>\n<function=Bash>\n<parameter=timeout>\nfive\n</parameter>\n</function>\n</tool_call>")
-TURNS = {"think": THINK, "call": CALL, "fail": FAIL, "coder": CODER, "bad": BAD}
+STALL = "Sure, the policy stalls after this first word and the harness has it already."
+TURNS = {"think": THINK, "call": CALL, "fail": FAIL, "coder": CODER, "bad": BAD, "stall": STALL}
 TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run a command", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}}}}}]
 
@@ -47,7 +49,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def policy(tok):
-    with ScriptedPolicyServer(tok, TURNS, delay_s=0.02, fail_after={"fail": 8}) as server:
+    with ScriptedPolicyServer(tok, TURNS, delay_s=0.02, fail_after={"fail": 8}, stall_after={"stall": 1}) as server:
         yield server
 
 
@@ -104,6 +106,66 @@ def test_anthropic_text_arrives_while_the_policy_generates(served, policy, tok):
     call = check_recorded(served, "a", 1, [s])[0]
     assert call["error"] is None and call["prompt_token_ids"] == tok.encode(tok.apply_chat_template(
         [{"role": "user", "content": "[[think]]"}], tokenize=False, add_generation_prompt=True))
+
+
+# api -> (path, body, is this SSE data the first generated text?)
+FIRST_TEXT = {
+    "anthropic": ("/v1/messages", {"model": "claude-x", "max_tokens": 500, "stream": True,
+                                   "messages": [{"role": "user", "content": "[[stall]]"}]},
+                  lambda data: data.get("type") == "content_block_delta"),
+    "responses": ("/v1/responses", {"model": "gpt-x", "input": "[[stall]]", "stream": True},
+                  lambda data: data.get("type") == "response.output_text.delta"),
+    "chat": ("/v1/chat/completions", {"model": "gpt-x", "stream": True,
+                                      "messages": [{"role": "user", "content": "[[stall]]"}]},
+             lambda data: any((c.get("delta") or {}).get("content") for c in data.get("choices") or [])),
+}
+
+
+@pytest.mark.parametrize("api", list(FIRST_TEXT))
+def test_the_first_token_reaches_the_harness_while_the_policy_stalls(served, policy, api):
+    """The policy sends one plain-text token and stalls until the harness has seen it: through the recorder and the
+    gateway, nothing waits for a second token (no buffering, no holdback of text that cannot start a tag)."""
+    path, body, first_text = FIRST_TEXT[api]
+    policy.release.clear()
+    seen = None
+    try:
+        with httpx.stream("POST", served.base(f"stall-{api}") + path, json=body, timeout=30,
+                          headers={"x-api-key": "sk-ant-api03-streamteststreamtest"}) as response:
+            for line in response.iter_lines():
+                data = line[6:] if line.startswith("data: ") else ""
+                if seen is None and data and data != "[DONE]" and first_text(json.loads(data)):
+                    seen = list(said(policy, "stall").ids)
+                    policy.release.set()
+    finally:
+        policy.release.set()
+    sent = said(policy, "stall")
+    assert seen is not None and len(seen) < 2, f"the first text waited for {len(seen or [])} tokens"
+    assert len(sent.ids) > 2
+    check_recorded(served, f"stall-{api}", 1, [sent])
+
+
+def test_a_harness_that_hangs_up_mid_stream_stops_the_generation_without_an_error(policy, tok, caplog):
+    """The gateway's next write finds the harness gone: it closes the policy's stream, logs no traceback, and
+    counts no finished call."""
+    gateway = PolicyGateway(HTTPPolicy(policy.url, "tiny"), tok, "tiny")
+    path, body, first_text = FIRST_TEXT["chat"]
+    policy.release.clear()
+    try:
+        with GatewayThread(gateway) as url:
+            with httpx.stream("POST", url + path, json=body, timeout=30) as response:
+                next(line for line in response.iter_lines()
+                     if line.startswith("data: {") and first_text(json.loads(line[6:])))
+            policy.release.set()
+            sent = said(policy, "stall")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and time.monotonic() - sent.last_sent < 0.5:
+                time.sleep(0.05)  # the policy sends until the gateway closes its stream
+    finally:
+        policy.release.set()
+    assert len(sent.ids) < len(tok.encode(STALL)) and gateway.calls == 0
+    gateway_tracebacks = [r for r in caplog.records if r.exc_info and any(
+        frame.filename.endswith("recorder/serve.py") for frame in traceback.extract_tb(r.exc_info[2]))]
+    assert not gateway_tracebacks
 
 
 def test_tool_calls_are_whole_blocks_once_complete(served, policy):
