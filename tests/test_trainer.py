@@ -129,6 +129,12 @@ def test_rl_config_trains_every_segment(shards, tmp_path, capsys):
     assert config.trainer.use_v1 is True
     manager = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
     assert manager == "forgerl.trainer.segment_manager.SegmentAgentLoopManager"
+    from verl.utils.import_utils import load_extern_type
+
+    from forgerl.trainer.segment_manager import segment_sampler
+
+    sampler = config.trainer.v1.sampler.custom_sampler  # veRL's trainer loads it so; its sample() adds the metrics
+    assert load_extern_type(sampler.path, sampler.name) is segment_sampler
     from forgerl.trainer.segment_rl import Expansion
 
     assert Expansion.of(config) == Expansion("thread", "discount", 0.8, "rollout")  # what the loop and workers read

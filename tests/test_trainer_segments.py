@@ -6,10 +6,13 @@
   in the loss; padding rows get exactly zero gradient (autograd);
 - a served Claude Code session with a subagent and a compaction: the agent
   loop's rows are exactly what `forge-convert --to tokens` cuts (thread and
-  per-call), and the manager's worker stores rows that veRL's own
-  `compute_advantage_for_multi_trajectories` and policy loss turn into the
-  advantages and loss of `segment_rl.py`; veRL's own padding row, built from
-  a stored row, adds nothing to that loss and gets zero gradient.
+  per-call), and the manager's worker, run by veRL's own `_run_prompt`,
+  stores in veRL's TransferQueue (on a local Ray instance) rows that veRL's
+  replay buffer samples and its `compute_advantage_for_multi_trajectories` and
+  policy loss turn into the advantages and loss of `segment_rl.py`; the
+  sampler's metrics count the rollouts' rows and the masked failure; veRL's
+  own padding rows, put next to them, add nothing to that loss and get zero
+  gradient.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-import tq_double
 from forgerl.trainer.segment_rl import (Expansion, Row, agg_loss, expansion_metrics, grpo_advantages,
                                         padding_rows, policy_loss, rollout_rows, row_weights, segment_rewards,
                                         to_batch)
@@ -35,12 +37,27 @@ MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-to
 
 @pytest.fixture(scope="module")
 def verl_v1():
-    """veRL's V1 modules, importable here with the TransferQueue double (tests/tq_double.py)."""
-    store = tq_double.install()
+    """veRL's PPO maths and its V1 trainer's multi-trajectory GRPO."""
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-    return store, core_algos, compute_advantage_for_multi_trajectories
+    return core_algos, compute_advantage_for_multi_trajectories
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """TransferQueue as veRL's V1 trainer starts it (`tq.init`), on a local Ray instance, one storage unit.
+    Its controller and storage unit are Ray actors, each holding a CPU while it lives."""
+    import ray
+    import transfer_queue as tq
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        yield tq
+        tq.close()
+    finally:
+        ray.shutdown()
 
 
 def toy_rollout(group: str, name: str, count: int, reward: float, gen: torch.Generator, **how) -> list[Row]:
@@ -67,7 +84,7 @@ def test_rewards_and_weights():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_agg_loss_is_verls(verl_v1, mode):
-    _, core_algos, _ = verl_v1
+    core_algos, _ = verl_v1
     gen = torch.Generator().manual_seed(1)
     loss = torch.randn(5, 7, generator=gen)
     mask = (torch.rand(5, 7, generator=gen) > 0.3).float()
@@ -77,7 +94,7 @@ def test_agg_loss_is_verls(verl_v1, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_policy_loss_is_verls_with_row_weights(verl_v1, mode):
-    _, core_algos, _ = verl_v1
+    core_algos, _ = verl_v1
     gen = torch.Generator().manual_seed(2)
     old, new = torch.randn(4, 6, generator=gen), torch.randn(4, 6, generator=gen)
     adv = torch.randn(4, 6, generator=gen)
@@ -92,7 +109,7 @@ def test_policy_loss_is_verls_with_row_weights(verl_v1, mode):
 
 def test_grpo_is_verls_multi_trajectory_grpo(verl_v1):
     """Baseline over each rollout's final row, its advantage on every row: veRL V1's own GRPO."""
-    _, core_algos, multi = verl_v1
+    core_algos, multi = verl_v1
     from verl import DataProto
 
     gen = torch.Generator().manual_seed(3)
@@ -167,7 +184,7 @@ def test_padding_rows_carry_no_gradient():
         assert same.item() == pytest.approx(loss.item(), rel=1e-6), mode
     assert expansion_metrics(rows + pads, infra_failures=1) == {
         "forgerl/segments_per_rollout/mean": 2.5, "forgerl/segments_per_rollout/max": 3.0,
-        "forgerl/padding_rows": 3.0, "forgerl/masked_infra_failures": 1.0}
+        "forgerl/padding_rows": 3.0, "forgerl/infra_masked": 1.0, "forgerl/malformed_tool_calls": 0.0}
     assert grpo_advantages(torch.tensor([0.0]), ["pad0"], ["pad0"], [True], torch.zeros(1, 3)).abs().sum() == 0
 
 
@@ -252,46 +269,70 @@ def test_rows_are_what_forge_convert_cuts(served, rows_mode, convert_mode):
 
 
 @pytest.mark.slow
-def test_manager_rows_go_through_verls_grpo_and_loss(served, verl_v1, monkeypatch):
-    """Three rollouts of one prompt through the manager's worker (veRL's TQ worker underneath): the whole
-    served rollout (reward 1), its first segment alone (reward 0), an infrastructure failure. What veRL
-    stores, fed to veRL's GRPO and PPO loss, is `segment_rl.py`'s advantages and loss."""
-    store, core_algos, multi = verl_v1
+def test_manager_rows_go_through_verls_grpo_and_loss(served, verl_v1, transfer_queue, monkeypatch):
+    """Three rollouts of one prompt through the manager's worker (veRL's TQ worker underneath, run by veRL's
+    `_run_prompt`): the whole served rollout (reward 1), its first segment alone (reward 0), an infrastructure
+    failure. What veRL's replay buffer samples from TransferQueue, fed to veRL's GRPO and PPO loss, is
+    `segment_rl.py`'s advantages and loss; the sampler's metrics count each rollout's rows, the failure and the
+    tool calls the policy wrote that did not parse."""
+    core_algos, multi = verl_v1
+    tq = transfer_queue
     from tensordict import TensorDict
     from verl import DataProto
+    from verl.utils.import_utils import load_class_from_fqn, load_extern_type
 
-    from verl.trainer.ppo.v1 import agent_loop_tq
-
+    from forgerl.trainer.rl import MANAGER, SAMPLER
     from forgerl.trainer.segment_manager import SegmentAgentLoopWorker, check_config
-
-    monkeypatch.setattr(agent_loop_tq, "list_of_dict_to_tensordict", tq_double.keep_rows)
-    from verl.utils.import_utils import load_class_from_fqn
-
-    from forgerl.trainer.rl import MANAGER
 
     config = ppo_config(served, rows="thread", segment_reward="discount", gamma=0.5, weighting="rollout")
     manager = load_class_from_fqn(MANAGER, "AgentLoopManager")(config, llm_client=None)  # as veRL's runner does
     assert manager.agent_loop_workers_class.__ray_actor_class__ is SegmentAgentLoopWorker
     for bad, message in (({"trainer": {"use_v1": False}}, "legacy trainer"),
                          ({"algorithm": {"rollout_correction": {"rollout_is": "token"}}}, "rollout_is"),
+                         ({"algorithm": {"filter_groups": {"enable": True}}}, "filter_groups"),
                          ({"forgerl": {"weighting": "tokens"}}, "forgerl.weighting")):
         with pytest.raises(ValueError, match=message):
             check_config(OmegaConf.merge(config, bad))
     loop = harness_loop(served, config)
-    calls = served["calls"]
+    # the policy's first call held a tool call that did not parse (test_malformed_calls.py records such a call)
+    calls = [dict(c, malformed_tool_calls=int(i == 0)) for i, c in enumerate(served["calls"])]
     first = [c for c in calls if c["segment_index"] == 0]
     rollouts = [loop.output(outcome(served), calls, len(calls)),
                 loop.output(outcome(served, score=0.0), first, len(first)),
                 loop.output(outcome(served, "infra_error"), [], 0)]
-    worker = SegmentAgentLoopWorker(config, None)
-    for session, out in enumerate(rollouts):
-        asyncio.run(worker._agent_loop_postprocess(out, False, uid="u1", session_id=session, global_steps=1))
+    worker = SegmentAgentLoopWorker(config, None)  # its tq.init() joins the running TransferQueue
+
+    async def session(sampling_params, trajectory, trace, session_id, **prompt):  # the agent loop's part, done
+        return await worker._agent_loop_postprocess(rollouts[session_id], trajectory["validate"],
+                                                    session_id=session_id, **prompt)
+
+    monkeypatch.setattr(worker, "_run_agent_loop", session)
+    # the trainer registers the prompt; veRL's _run_prompt runs its sessions and marks it finished
+    tq.kv_batch_put(keys=["u1"], partition_id="train", tags=[{"is_prompt": True, "status": "pending",
+                                                              "global_steps": 1}])
+    asyncio.run(worker._run_prompt({"uid": "u1", "global_steps": 1, "__rollout_n__": 3}, {}, {"validate": False}))
     assert worker.infra_failures == 1
-    keys = sorted(store.rows, key=lambda k: tuple(int(x) for x in k.split("_")[1:]))
+    sampler = load_extern_type(f"pkg://{SAMPLER[0]}", SAMPLER[1])(
+        trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+        sampler_kwargs={}, refill_fn=None)  # as veRL's trainer builds a custom sampler
+    batch, metrics = sampler.sample(global_steps=1, partition_id="train", batch_size=1)
     k = len(rollouts[0])
+    assert {key: v for key, v in metrics.items() if key.startswith("forgerl/")} == {
+        "forgerl/segments_per_rollout/mean": (k + 1) / 2, "forgerl/segments_per_rollout/max": float(k),
+        "forgerl/infra_masked": 1.0, "forgerl/malformed_tool_calls": 2.0}
+    order = sorted(range(len(batch.keys)), key=lambda i: tuple(int(x) for x in batch.keys[i].split("_")[1:]))
+    keys, tags = [batch.keys[i] for i in order], [batch.tags[i] for i in order]
     assert keys == [f"u1_0_{i}" for i in range(k)] + ["u1_1_0"]  # the failure stored nothing
 
-    fields = [store.rows[key][0] for key in keys]
+    def stored(keys: list[str]) -> list[dict]:
+        """Each key's row as veRL stored it in TransferQueue."""
+        data = tq.kv_batch_get(keys=keys, partition_id="train")
+        columns = {name: list(data[name].unbind(0)) if isinstance(data[name], torch.Tensor) else list(data[name])
+                   for name in ("uid", "responses", "response_mask", "rm_scores", "rollout_is_weights",
+                                "rollout_log_probs")}
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+    fields = stored(keys)
     width = max(len(f["responses"]) for f in fields)
 
     def padded(name: str) -> torch.Tensor:
@@ -326,11 +367,15 @@ def test_manager_rows_go_through_verls_grpo_and_loss(served, verl_v1, monkeypatc
     assert policy_loss(new, old, response_view, mask, weights, loss_agg_mode="seq-mean-token-mean").item() == \
         pytest.approx(their_loss.item(), rel=1e-6)
 
-    # veRL's own padding row, built from a stored row as its trainer does: fully masked, no gradient
-    from verl.trainer.ppo.padding_utils import construct_minimal_padding_template
+    # veRL's own padding row, put into TransferQueue as its trainer does: fully masked, no gradient
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 
-    pad, tag = construct_minimal_padding_template(fields[0], store.rows[keys[0]][1], eos_token_id=0)
-    assert tag["is_padding"] and pad["response_mask"].sum() == 0 and pad["rm_scores"].sum() == 0
+    grown = upsample_batch_to_divisible_size(KVBatchMeta(keys=keys, tags=tags, partition_id="train"), len(keys) + 1,
+                                             eos_token_id=0)
+    assert grown.keys[:-1] == keys and grown.tags[-1]["is_padding"]
+    [pad] = stored(grown.keys[-1:])
+    assert pad["response_mask"].sum() == 0 and pad["rm_scores"].sum() == 0
 
     def grow(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         row = torch.nn.functional.pad(value.float(), (0, t.shape[1] - len(value)))

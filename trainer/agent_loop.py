@@ -28,6 +28,9 @@ logprobs, and the task's reward.
   truncated silently: it comes back fully masked and counted
   (`forge_overlong`), with a warning; `forge-train rl` sizes both lengths from
   recorded data and refuses configs that would truncate.
+- `forge_malformed_tool_calls`: the tool calls the policy wrote in this
+  rollout that did not parse (they reached the harness as text), from the
+  recorded calls' `malformed_tool_calls`.
 
 Registered as `forgerl_harness`; the YAML for `agent_loop_config_path` that
 `forge-train rl` writes passes the harness, task source and dataset root.
@@ -132,7 +135,8 @@ class HarnessAgentLoop(AgentLoopBase):
         reward = outcome.row()["reward"]
         extra: dict[str, Any] = {"forge_session": outcome.session, "forge_status": outcome.status,
                                  "forge_segments": len(found), "forge_infra_error": 0, "forge_overlong": 0,
-                                 "forge_calls": served}
+                                 "forge_calls": served,
+                                 "forge_malformed_tool_calls": sum(c.get("malformed_tool_calls") or 0 for c in calls)}
         if outcome.status == "infra_error" or reward is None or not found:
             log.warning("rollout %s: infrastructure failure, returned fully masked: %s", outcome.session,
                         outcome.error or "no served call was recorded")

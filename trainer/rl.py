@@ -14,8 +14,9 @@ section says how a rollout becomes rows and
 `rollout.agent.agent_loop_manager_class` names `segment_manager.py`'s manager,
 whose workers give each row its reward (`--segment-reward copy|discount`,
 `--gamma`) and loss weight (`--weighting rollout|segment`); the maths is in
-`segment_rl.py`. veRL's V1 trainer needs TransferQueue (`verl[vllm]` installs
-it with tensordict 0.10), which the CPU lock here leaves out.
+`segment_rl.py`; `trainer.v1.sampler.custom_sampler` names its replay buffer,
+which puts the `forgerl/...` metrics in the trainer's. veRL's V1 trainer
+runs on TransferQueue (with tensordict 0.10), which the lock pins.
 
 Prompt rows are the `forge-convert --to verl-rl` shards (`--data`) or, when
 none are given, one row per task in `--tasks` (written to `tasks.parquet`).
@@ -51,6 +52,7 @@ from .segment_rl import CONFIG_KEY, ROWS, SEGMENT_REWARDS, WEIGHTINGS
 
 AGENT_NAME = "forgerl_harness"
 MANAGER = "forgerl.trainer.segment_manager.SegmentAgentLoopManager"
+SAMPLER = ("forgerl.trainer.segment_manager", "segment_sampler")  # its replay buffer, which logs forgerl/... metrics
 REWARD_FILE = Path(__file__).with_name("reward.py")
 
 
@@ -183,7 +185,8 @@ def expansion_overrides(args: argparse.Namespace) -> list[str]:
                f"+{CONFIG_KEY}.gamma={args.gamma}", f"+{CONFIG_KEY}.weighting={args.weighting}"]
     if args.rows == "last":
         return section
-    return [*section, "trainer.use_v1=True", f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}"]
+    return [*section, "trainer.use_v1=True", f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}",
+            f"trainer.v1.sampler.custom_sampler.path=pkg://{SAMPLER[0]}", f"trainer.v1.sampler.custom_sampler.name={SAMPLER[1]}"]
 
 
 def main(args: argparse.Namespace) -> int:

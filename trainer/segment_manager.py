@@ -19,27 +19,43 @@ last; this manager's workers turn them into training rows:
 - an infrastructure failure (the loop's fully masked output) is dropped, so
   that it neither trains nor pulls its group's baseline to 0 (veRL's GRPO
   skips rollouts that returned nothing), and is counted;
-- segments per rollout, masked infrastructure failures and (from veRL's
-  padding, which logs them) padding rows are logged as `forgerl/...` metrics.
+- each finished rollout's counts (rows, whether it was an infrastructure
+  failure, the tool calls the policy wrote that did not parse) go into its
+  prompt's TransferQueue tag (`forgerl_{session}`), next to veRL's status.
+
+veRL's V1 trainer gives an agent loop manager no way back into its metrics
+(`generate_sequences` only dispatches; the rows reach the trainer through
+TransferQueue). What it does log is what its replay buffer's `sample`
+returns beside the batch, so `SegmentReplayBuffer` (set as
+`trainer.v1.sampler.custom_sampler`) reads the sampled prompts' tags and adds
+`forgerl/segments_per_rollout/{mean,max}`, `forgerl/infra_masked` and
+`forgerl/malformed_tool_calls` (`segment_rl.rollout_metrics`) to the step's
+metrics dict. Padding rows are added by the trainer after sampling, with no
+hook to count them there; they are tagged `is_padding` and the trainer leaves
+them out of its own metrics.
 
 `forge-train rl` writes the `forgerl` section and points
-`actor_rollout_ref.rollout.agent.agent_loop_manager_class` here.
+`actor_rollout_ref.rollout.agent.agent_loop_manager_class` and the sampler here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import ray
 import torch
+import transfer_queue as tq
 from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-from .segment_rl import LOSS_AGG_MODES, Expansion, rollout_rows
+from .segment_rl import LOSS_AGG_MODES, Expansion, rollout_metrics, rollout_rows
 
 log = logging.getLogger(__name__)
+STATS_TAG = "forgerl_"  # + session id: a prompt tag holding [rows, infrastructure failure, malformed tool calls]
 
 
 class SegmentOutput(AgentLoopOutput):
@@ -85,6 +101,9 @@ class SegmentAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # veRL's T
         self.expansion = Expansion.of(self.config)
         self.loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
         self.infra_failures = 0
+        # TransferQueue merges a tag on the client (read, update, write back): a prompt's sessions finish
+        # concurrently on this worker, so their tag writes take turns or one overwrites another
+        self.tag_writes = asyncio.Lock()
 
     async def _agent_loop_postprocess(self, output: AgentLoopOutput | list[AgentLoopOutput], validate: bool,
                                       **kwargs: Any) -> None:
@@ -96,9 +115,47 @@ class SegmentAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # veRL's T
                         kwargs.get("uid"), kwargs.get("session_id"), self.infra_failures)
         rows = expand(kept, self.expansion, self.loss_agg_mode, str(kwargs.get("uid")),
                       str(kwargs.get("session_id"))) if kept else []
-        log.info("uid %s session %s: forgerl/segments_per_rollout %d, forgerl/masked_infra_failures %d",
-                 kwargs.get("uid"), kwargs.get("session_id"), len(rows), self.infra_failures)
+        malformed = int(outputs[-1].extra_fields.get("forge_malformed_tool_calls", 0)) if outputs else 0
+        counts = [len(rows), int(len(kept) < len(outputs)), malformed]
+        async with self.tag_writes:
+            await tq.async_kv_put(key=kwargs["uid"], partition_id="val" if validate else "train",
+                                  tag={f"{STATS_TAG}{kwargs['session_id']}": counts})
         await super()._agent_loop_postprocess(rows, validate, **kwargs)
+
+
+class SegmentMetrics:
+    """veRL's replay buffer, whose `sample` also returns the sampled prompts' `forgerl/...` metrics."""
+
+    _forgerl_metrics: dict[str, float] = {}
+
+    def _materialize_batch(self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict) -> Any:
+        tags = tq.kv_list(partition_id).get(partition_id, {})  # read before veRL clears the prompts' tags
+        self._forgerl_metrics = group_metrics([tags.get(uid, {}) for uid in selected_prompt_uids])
+        return super()._materialize_batch(partition_id, selected_prompt_uids, partition_snapshot)  # type: ignore[misc]
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
+        batch, metrics = super().sample(global_steps, partition_id, batch_size)  # type: ignore[misc]
+        return batch, {**metrics, **self._forgerl_metrics}
+
+
+class SegmentReplayBuffer(SegmentMetrics, ReplayBuffer):
+    """`trainer.v1.sampler.custom_sampler` for veRL's `sync` trainer."""
+
+
+class SegmentReplayBufferAsync(SegmentMetrics, ReplayBufferAsync):
+    """`trainer.v1.sampler.custom_sampler` for veRL's asynchronous trainers."""
+
+
+def group_metrics(prompt_tags: list[dict[str, Any]]) -> dict[str, float]:
+    """`rollout_metrics` of the rollouts whose counts the workers put into their prompts' tags."""
+    counts = [tag[key] for tag in prompt_tags for key in tag if key.startswith(STATS_TAG)]
+    return rollout_metrics([rows for rows, failed, _ in counts if not failed], sum(failed for _, failed, _ in counts),
+                           sum(malformed for _, _, malformed in counts))
+
+
+def segment_sampler(**kwargs: Any) -> SegmentMetrics:
+    """`trainer.v1.sampler.custom_sampler.name`: the buffer veRL would build for the trainer mode, with metrics."""
+    return (SegmentReplayBuffer if kwargs["trainer_mode"] == "sync" else SegmentReplayBufferAsync)(**kwargs)
 
 
 class SegmentAgentLoopManager(AgentLoopManagerTQ):
@@ -117,6 +174,9 @@ def check_config(config: DictConfig) -> None:
         raise ValueError("trainer.use_v1=False: veRL's legacy trainer takes one output per rollout")
     if config.actor_rollout_ref.actor.loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"actor.loss_agg_mode must be one of {LOSS_AGG_MODES}")
+    if (config.algorithm.get("filter_groups") or {}).get("enable"):
+        raise ValueError("algorithm.filter_groups: veRL leaves group filtering to a custom sampler, and forgerl's "
+                         "(segment_sampler, for the forgerl/... metrics) does not filter")
     correction = config.algorithm.get("rollout_correction") or {}
     if correction.get("rollout_is"):
         raise ValueError("algorithm.rollout_correction.rollout_is would replace the rows' loss weights "

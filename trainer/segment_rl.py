@@ -236,14 +236,24 @@ def to_batch(rows: Sequence[Row], pad_id: int, norm_by_std: bool = True) -> Batc
     return Batch(ids, attention, mask, old, advantages, weights)
 
 
+def rollout_metrics(rows_per_rollout: Sequence[int], infra_masked: int = 0, malformed_tool_calls: int = 0,
+                    padding_rows: int | None = None) -> dict[str, float]:
+    """The `forgerl/...` metrics of a batch: rows per trained rollout, rollouts dropped for an infrastructure
+    failure, tool calls the policy wrote that did not parse (they stayed text), and padding rows where known."""
+    counts = list(rows_per_rollout) or [0]
+    metrics = {"forgerl/segments_per_rollout/mean": sum(counts) / len(counts),
+               "forgerl/segments_per_rollout/max": float(max(counts)),
+               "forgerl/infra_masked": float(infra_masked),
+               "forgerl/malformed_tool_calls": float(malformed_tool_calls)}
+    if padding_rows is not None:
+        metrics["forgerl/padding_rows"] = float(padding_rows)
+    return metrics
+
+
 def expansion_metrics(rows: Sequence[Row], infra_failures: int = 0) -> dict[str, float]:
-    """Segments per rollout, padding rows and masked infrastructure failures of a batch."""
+    """`rollout_metrics` of a batch of rows, padding included."""
     per_rollout: dict[str, int] = {}
     for r in rows:
         if not r.padding:
             per_rollout[r.rollout] = per_rollout.get(r.rollout, 0) + 1
-    counts = list(per_rollout.values()) or [0]
-    return {"forgerl/segments_per_rollout/mean": sum(counts) / len(counts),
-            "forgerl/segments_per_rollout/max": float(max(counts)),
-            "forgerl/padding_rows": float(sum(r.padding for r in rows)),
-            "forgerl/masked_infra_failures": float(infra_failures)}
+    return rollout_metrics(list(per_rollout.values()), infra_failures, padding_rows=sum(r.padding for r in rows))

@@ -23,7 +23,7 @@ from typing import Any
 
 # What a sample is built from: the token columns and the stored placement.
 CALL_COLUMNS = ["call_id", "session_id", "seq", "t_start", "prompt_token_ids", "completion_token_ids",
-                "completion_logprobs", "segment_index", "segment_reason", "continues_call"]
+                "completion_logprobs", "segment_index", "segment_reason", "continues_call", "malformed_tool_calls"]
 
 
 @dataclass
