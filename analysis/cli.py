@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--by", default="harness", help=f"group sessions by {', '.join(FIXED)}, an outcome column "
                                                         f"({', '.join(OUTCOME)}) or a label key (default harness)")
     report.add_argument("--out", help="write a self-contained HTML report with plots here")
-    report.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
+    _threads_option(report)
     report.add_argument("--viewer", metavar="URL", help="link group names to `forge-analyze view` at this URL")
     report.add_argument("--screenshots", metavar="SESSION", help="show this session's screenshots as a strip in "
                         "the HTML report (GUI agents; needs --out)")
@@ -83,19 +83,30 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"where to serve (default {DEFAULT_LISTEN}, loopback only; port 0 picks a free one)")
     view.add_argument("--tokenizer", help="tokenizer path or name with a chat template: decodes the token view "
                                           "and re-renders samples to show drift from the engine's ids")
-    view.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
+    _threads_option(view)
     return parser
 
 
-def _report(args: argparse.Namespace) -> int:
+def _threads_option(parser: argparse.ArgumentParser) -> None:
+    """--threads for the verbs that run DuckDB over the whole dataset (report, view); read with `_threads`."""
+    parser.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
+
+
+def _threads(args: argparse.Namespace) -> int | None:
+    """DuckDB's worker threads (None: all cores); fewer than 1 is the user's error."""
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
+    return args.threads
+
+
+def _report(args: argparse.Namespace) -> int:
+    threads = _threads(args)
     out = Path(args.out) if args.out else None
     if out and not out.parent.is_dir():
         raise UserError(f"--out {out}: no such directory {out.parent}")
     if args.screenshots and not out:
         raise UserError("--screenshots draws into the HTML report: give --out too")
-    con = connect(args.dataset, threads=args.threads, materialize=True)
+    con = connect(args.dataset, threads=threads, materialize=True)
     report = build(con, args.by)
     strip = screenshot_strip(con, args.screenshots) if args.screenshots else ""
     title = f"forgerl behaviour report: {Path(args.dataset).resolve().name}"
@@ -169,11 +180,10 @@ def _views(args: argparse.Namespace) -> int:
 
 
 def _view(args: argparse.Namespace) -> int:
-    parse_listen(args.listen)  # bad --listen fails before the dataset or tokenizer is loaded
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    parse_listen(args.listen)  # bad --listen or --threads fails before the dataset or tokenizer is loaded
+    threads = _threads(args)
     renderer = Renderer(load_tokenizer(args.tokenizer)) if args.tokenizer else None  # bad name: UserError
-    serve(Path(args.dataset), args.listen, renderer, args.threads)
+    serve(Path(args.dataset), args.listen, renderer, threads)
     return 0
 
 

@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from forgerl.errors import UserError
+from forgerl.schema import duck
 
 GUI_KINDS: tuple[str, ...] = ("navigate", "click", "type", "scroll", "screenshot", "answer", "other")
 
@@ -133,11 +134,10 @@ VIEWS: tuple[tuple[str, str, str], ...] = (
 
 
 def register_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """The action vocabulary as lookup views (`gui_action_kinds`, `gui_action_lists`)."""
-    con.register("_gui_action_kinds", pa.table({"action": list(ACTION_KINDS), "kind": list(ACTION_KINDS.values())}))
-    con.execute("CREATE VIEW gui_action_kinds AS SELECT * FROM _gui_action_kinds")
-    con.register("_gui_action_lists", pa.table({"name": list(ACTION_LISTS)}))
-    con.execute("CREATE VIEW gui_action_lists AS SELECT * FROM _gui_action_lists")
+    """The action vocabulary as lookup tables (`gui_action_kinds`, `gui_action_lists`)."""
+    duck.create_table(con, "gui_action_kinds", pa.schema([("action", pa.string()), ("kind", pa.string())]),
+                      ACTION_KINDS.items())
+    duck.create_table(con, "gui_action_lists", pa.schema([("name", pa.string())]), [(n,) for n in ACTION_LISTS])
 
 
 def _thumbnail(data: bytes, width: int) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from forgerl.schema import attempts
+from forgerl.schema import attempts, duck
 
 from . import gui, kinds
 from .groups import FIXED, metrics_by, pass_curve_by
@@ -457,12 +457,10 @@ SHARED = ("turns", "tool_calls", "tool_results", "session_info", "session_groups
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> None:
-    con.register("_tool_kinds", pa.table({"tool_name": list(kinds.TOOL_KINDS), "kind": list(kinds.TOOL_KINDS.values())}))
-    con.execute("CREATE VIEW tool_kinds AS SELECT * FROM _tool_kinds")
-    cols = list(zip(*kinds.PRICES))
-    con.register("_prices", pa.table({"prefix": list(cols[0]), "input": list(cols[1]), "output": list(cols[2]),
-                                      "cache_read": list(cols[3]), "cache_write": list(cols[4])}))
-    con.execute("CREATE VIEW prices AS SELECT * FROM _prices")
+    duck.create_table(con, "tool_kinds", pa.schema([("tool_name", pa.string()), ("kind", pa.string())]),
+                      kinds.TOOL_KINDS.items())
+    duck.create_table(con, "prices", pa.schema([("prefix", pa.string()), *((c, pa.float64()) for c in (
+        "input", "output", "cache_read", "cache_write"))]), kinds.PRICES)
     gui.register_tables(con)
 
 

@@ -26,7 +26,8 @@ from forgerl.schema.messages import Exchange, Message, Part
 IMAGE_MODES = ("keep", "hash-only", "drop")
 _REFERENCE = "forgerl-blob:sha256:{}"
 _DROPPED = "forgerl-image-dropped"
-_REFERENCE_RE = re.compile(rb"forgerl-blob:sha256:([0-9a-f]{64})")
+# Where the recorder took an image out of a raw request: a reference (group 1: the blob's hash) or the drop marker.
+_PLACE_RE = re.compile(rb"forgerl-blob:sha256:([0-9a-f]{64})|" + re.escape(_DROPPED.encode()))
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -79,11 +80,21 @@ def strip_request(raw: bytes, blobs: Mapping[str, bytes], mode: str) -> bytes:
     return raw
 
 
+def fill_images(raw: bytes, fill: Callable[[str | None], bytes | None]) -> bytes:
+    """A stored `request_raw` with each place the recorder took an image out of given what `fill` returns for
+    it: called with the blob's hash, or None where `drop` left only a marker; None leaves the place as stored."""
+    def put(match: re.Match) -> bytes:
+        got = fill(match.group(1).decode() if match.group(1) else None)
+        return match.group(0) if got is None else got
+
+    return _PLACE_RE.sub(put, raw)
+
+
 def restore_request(raw: bytes, blob: Callable[[str], bytes | None]) -> bytes:
     """The request as sent, from a stored `request_raw` and a blob lookup (references whose blob has no bytes,
     as under `hash-only`, stay references)."""
-    def put_back(match: re.Match) -> bytes:
-        data = blob(match.group(1).decode())
-        return base64.b64encode(data) if data else match.group(0)
+    def base64_of(digest: str | None) -> bytes | None:
+        data = blob(digest) if digest else None
+        return base64.b64encode(data) if data else None
 
-    return _REFERENCE_RE.sub(put_back, raw)
+    return fill_images(raw, base64_of)

@@ -13,6 +13,7 @@ and `sessions` shows one row per session (`store.SESSION_ROW_SQL`).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import duckdb
@@ -41,9 +42,21 @@ def connect(root: str | os.PathLike, *, threads: int | None = None,
         elif files:
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
         else:
-            columns = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)
-            con.execute(f"CREATE TABLE {table} ({columns})")
+            create_table(con, table, schema)
     return con
+
+
+def create_table(con: duckdb.DuckDBPyConnection, name: str, schema: pa.Schema,
+                 rows: Iterable[Sequence[object]] = ()) -> None:
+    """A DuckDB table of `schema` holding `rows` (an empty dataset table, a small lookup table): DDL and one
+    INSERT. Not an Arrow table registered (or even built: `pa.table` and `Schema.empty_table` import pandas),
+    which would cost every CLI start a quarter second or more."""
+    columns = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)
+    con.execute(f"CREATE TABLE {name} ({columns})")
+    rows = [tuple(r) for r in rows]
+    if rows:
+        row = "(" + ", ".join("?" * len(schema)) + ")"
+        con.execute(f"INSERT INTO {name} VALUES {', '.join([row] * len(rows))}", [v for r in rows for v in r])
 
 
 _DUCK_TYPES = {pa.string(): "VARCHAR", pa.binary(): "BLOB", pa.bool_(): "BOOLEAN", pa.int32(): "INTEGER",
@@ -52,8 +65,7 @@ _DUCK_TYPES = {pa.string(): "VARCHAR", pa.binary(): "BLOB", pa.bool_(): "BOOLEAN
 
 
 def _duck_type(arrow: pa.DataType) -> str:
-    """DuckDB's name for a table column's Arrow type. DDL rather than registering an empty Arrow
-    table, which makes DuckDB import pandas (a quarter second of every CLI start)."""
+    """DuckDB's name for a table column's Arrow type (`create_table`'s DDL)."""
     if pa.types.is_list(arrow):
         return _duck_type(arrow.value_type) + "[]"
     return _DUCK_TYPES[arrow]

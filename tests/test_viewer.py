@@ -27,6 +27,7 @@ import pytest
 
 from conftest import REPO, RecorderProcess, session_calls
 from convert_fixtures import TOKENIZER_DIR, chat_dataset  # noqa: F401 - fixture
+from gui_sessions import drive_anthropic, screenshot
 from scripted_upstream import ScriptedUpstream
 from test_analysis_report import DevTools, _chromium
 
@@ -76,24 +77,37 @@ class ViewerProcess:
 
 
 @pytest.fixture(scope="module")
-def chat_data(chat_dataset, tmp_path_factory) -> Path:  # noqa: F811 - the imported fixture
-    """The chat sessions plus `chat-image`: a user image through the openai SDK, recorded into a copy."""
+def upstream():
+    """The scripted upstream the viewer's sessions are recorded against; its log holds what each call sent."""
+    with ScriptedUpstream() as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def chat_data(chat_dataset, upstream, tmp_path_factory) -> Path:  # noqa: F811 - the imported fixture
+    """The chat sessions plus `chat-image`: a user image through the openai SDK, and two GUI sessions
+    (Claude Code + Playwright MCP's shape, a 640x400 screenshot), `gui-keep` recorded with the images' bytes
+    and `gui-hash` with `--images hash-only`, recorded into a copy."""
     from openai import OpenAI
 
     root = tmp_path_factory.mktemp("viewer") / "data"
     shutil.copytree(chat_dataset, root)
-    upstream = ScriptedUpstream().start()
-    rec = RecorderProcess(root, upstream.url).start()
-    try:
-        client = OpenAI(base_url=rec.base("chat-image") + "/v1", api_key="sk-test-viewer-0000000000", max_retries=0)
-        image = "data:image/png;base64," + base64.b64encode(_png()).decode()
-        client.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": [
-            {"type": "text", "text": "What colour is this square?"},
-            {"type": "image_url", "image_url": {"url": image}}]}])
-        session_calls(root, "chat-image", 1)
-    finally:
-        rec.stop()
-        upstream.stop()
+    for images, sessions in (("keep", ("chat-image", "gui-keep")), ("hash-only", ("gui-hash",))):
+        rec = RecorderProcess(root, upstream.url, "--images", images).start()
+        try:
+            for session in sessions:
+                if session == "chat-image":
+                    client = OpenAI(base_url=rec.base(session) + "/v1", api_key="sk-test-viewer-0000000000",
+                                    max_retries=0)
+                    image = "data:image/png;base64," + base64.b64encode(_png()).decode()
+                    client.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": [
+                        {"type": "text", "text": "What colour is this square?"},
+                        {"type": "image_url", "image_url": {"url": image}}]}])
+                else:
+                    drive_anthropic(rec.base(session), 1)
+                session_calls(root, session, 1)
+        finally:
+            rec.stop()
     return root
 
 
@@ -166,6 +180,16 @@ def test_session_calls_and_errors(example_viewer):
     assert example_viewer.get("/api/tokens?session=x")[0] == 400
 
 
+def test_first_page_imports_no_pandas():
+    """Opening a dataset and serving the first sessions page never imports pandas (half a second of a start):
+    the lookup tables are DDL and rows, not registered Arrow tables."""
+    code = ("import sys; from pathlib import Path; from forgerl.analysis.viewer.server import Viewer; "
+            f"v = Viewer(Path({str(EXAMPLE)!r}), None); print(len(v.data.sessions({{}})['sessions']), "
+            "'pandas' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["21", "False"], done.stderr
+
+
 def test_report_links_to_the_list(example_viewer):
     status, body, kind = example_viewer.get("/report?by=task")
     assert status == 200 and kind.startswith("text/html")
@@ -194,6 +218,38 @@ def test_images_and_token_view_json(chat_viewer, chat_data):
     assert "<think>" in "".join(engine["text"][think["engine"][0]: think["engine"][1]])
     plain = chat_viewer.json("/api/tokens?session=chat-plain&segment=0")
     assert plain["engine"] is None and plain["rendered"]["ids"] and plain["drift"] is None
+
+
+def _only_call(viewer: ViewerProcess, session: str) -> str:
+    (call,) = viewer.json(f"/api/session?id={session}")["calls"]
+    return f"id={call['call_id']}&session={session}"
+
+
+def test_raw_request_is_what_the_harness_sent(chat_viewer, upstream):
+    """The raw request shows what the harness sent, never the recorder's blob references: a small image's
+    base64 in place, a screenshot as its size (the whole request one link away), an image recorded without
+    its bytes named as such."""
+    sent = [ex.body for ex in upstream.log]
+    small = chat_viewer.json(f"/api/raw?{_only_call(chat_viewer, 'chat-image')}")
+    assert small["request_raw"].encode() in sent and small["images"][0]["inline"]  # base64 short: shown as sent
+
+    shot = screenshot(0)
+    keep = chat_viewer.json(f"/api/raw?{_only_call(chat_viewer, 'gui-keep')}")
+    assert "forgerl-blob" not in keep["request_raw"] and base64.b64encode(shot).decode() not in keep["request_raw"]
+    (image,) = keep["images"]
+    assert (image["kept"], image["inline"], image["width"], image["height"], image["bytes"]) == \
+        (True, False, 640, 400, len(shot))
+    assert f"[image 1: image/png 640x400, {len(shot):,} bytes; its " in keep["request_raw"]
+    status, body, kind = chat_viewer.get(f"/api/request?{_only_call(chat_viewer, 'gui-keep')}")
+    assert status == 200 and body in sent and len(body) == keep["request_bytes"]
+    # the shown text is the request as sent, the screenshot's base64 written as its size
+    assert re.sub(r"\[image 1: [^\]]*\]", base64.b64encode(shot).decode(), keep["request_raw"]) == body.decode()
+
+    hashed = chat_viewer.json(f"/api/raw?{_only_call(chat_viewer, 'gui-hash')}")
+    assert "forgerl-blob" not in hashed["request_raw"] and hashed["images"][0]["kept"] is False
+    assert "its bytes not kept (forge-record --images hash-only)" in hashed["request_raw"]
+    status, body, _ = chat_viewer.get(f"/api/request?{_only_call(chat_viewer, 'gui-hash')}")
+    assert status == 404 and b"not kept" in body  # no request 'as sent' with a reference in its place
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -278,6 +334,13 @@ async def _browse(ws_url: str, base: str, shots: Path) -> dict:
             dt, "fetch('/api/session?id=chat-image').then(r => r.json()).then(s => s.calls[0].call_id)"))
         seen["image"] = await _until(dt, "[...document.querySelectorAll('#detail img')].map(i => i.naturalWidth)"
                                          ".filter(w => w > 0)")
+        await _go(dt, base + "#/session/gui-keep/call/" + await _until(
+            dt, "fetch('/api/session?id=gui-keep').then(r => r.json()).then(s => s.calls[0].call_id)"))
+        await dt.send("Runtime.evaluate", expression="document.querySelector('#show-raw').click()")
+        seen["gui_raw"] = await _until(dt, "document.querySelector('#raw-images') && "
+                                           "[document.querySelector('#raw-images').innerText, "
+                                           "document.querySelector('#raw-images a').href, "
+                                           "document.querySelector('#raw pre').innerText]")
         seen["errors"] = await dt.send("Runtime.evaluate", returnByValue=True,
                                        expression="document.querySelectorAll('#load-error').length")
         seen["problems"] = dt.problems()
@@ -294,7 +357,7 @@ def test_browse_list_session_call_tokens_in_chromium(chat_viewer, tmp_path):
         proc.wait(timeout=30)
     assert seen["problems"] == []
     assert seen["errors"]["result"]["value"] == 0
-    assert sorted(seen["list"]) == ["chat-image", "chat-multi", "chat-plain", "chat-tools"]
+    assert sorted(seen["list"]) == ["chat-image", "chat-multi", "chat-plain", "chat-tools", "gui-hash", "gui-keep"]
     assert seen["search"] == ["chat-tools"]
     assert seen["calls"] == 2
     assert re.search(r"harness\s+openai-python", seen["facts"]) and "object" not in seen["facts"], seen["facts"]
@@ -308,6 +371,9 @@ def test_browse_list_session_call_tokens_in_chromium(chat_viewer, tmp_path):
     assert 0 < tokens["loss"] < tokens["engine"] and tokens["drift"] > 0
     assert "stripped_think" in tokens["summary"]
     assert seen["image"] == [48]
+    note, link, request = seen["gui_raw"]  # the screenshot shown by its size, the whole request one link away
+    assert note.startswith("1 image shown by size, not base64: the whole request as sent (") and "/api/request?id=" in link
+    assert "[image 1: image/png 640x400, " in request and "forgerl-blob" not in request
     png = (tmp_path / "viewer-call.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
     if os.environ.get("FORGERL_UPDATE_DOCS"):

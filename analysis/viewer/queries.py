@@ -20,6 +20,7 @@ from typing import Any
 
 import duckdb
 
+from forgerl.recorder.images import fill_images, image_size, restore_request
 from forgerl.schema import duck
 from forgerl.schema.records import call_messages, decompress
 from forgerl.schema.segments import succeeded
@@ -30,8 +31,9 @@ SORTS = {"time": "time_key", "cost": "cost_key", "reward": "reward_key"}
 FILTERS = ("harness", "model", "task", "outcome", "policy_version")
 PAGE = 50
 # The views these queries read, with the views they read (binding every view costs seconds on a big dataset).
-VIEWS_READ = frozenset({"turns", "session_info", "session_costs", "call_costs", "tool_results"})
+VIEWS_READ = frozenset({"session_info", "session_costs", "call_costs", "tool_results"})
 _FACET_LIMIT = 500
+INLINE_BASE64 = 4096  # a raw request shows an image's base64 up to this many characters, else the image's size
 
 # The latest outcome row of each session (a retried attempt supersedes the first).
 INDEX_SQL = """
@@ -221,11 +223,65 @@ class Dataset:
                 "method": row["method"], "path": row["path"], "upstream": row["upstream"],
                 "tool_results": {k: {"failed": v["failed"], "exit_code": v["exit_code"]} for k, v in failed.items()}}
 
-    def raw(self, call_id: str, session_id: str | None = None) -> dict[str, str | None]:
-        """The request and response bytes as stored (redacted when recorded), decompressed, as text."""
-        row = self._call_row(call_id, session_id, ("request_raw", "response_raw"))
-        return {name: None if row[name] is None else decompress(row[name]).decode("utf-8", "replace")
-                for name in ("request_raw", "response_raw")}
+    def raw(self, call_id: str, session_id: str | None = None) -> dict[str, Any]:
+        """The request as the harness sent it and the response as received (both redacted when recorded), as
+        text. The recorder stores each image of a request once, as a blob, and a reference in its place: each
+        is put back, and one whose base64 is longer than `INLINE_BASE64` is shown as its size instead (the
+        whole request: `request`). Images it kept no bytes of are named as such, never as their reference."""
+        row = self._call_row(call_id, session_id, ("session_id", "request_raw", "response_raw"))
+        response = None if row["response_raw"] is None else decompress(row["response_raw"]).decode("utf-8", "replace")
+        if row["request_raw"] is None:
+            return {"request_raw": None, "response_raw": response, "images": [], "request_bytes": None}
+        stored = decompress(row["request_raw"])
+        blobs = self._blobs(row["session_id"], stored)
+        images: list[dict[str, Any]] = []
+
+        def shown(digest: str | None) -> bytes:
+            data, media = blobs.get(digest, (None, None)) if digest else (None, None)
+            image = {"n": len(images) + 1, "blob_hash": digest, "media_type": media, "kept": data is not None}
+            images.append(image)
+            if data is None:
+                why = "dropped (forge-record --images drop)" if digest is None else \
+                    f"sha256:{digest}, its bytes not kept (forge-record --images hash-only)"
+                return f"[image {image['n']}: {why}; its base64 was sent here]".encode()
+            encoded, size = base64.b64encode(data), image_size(data)
+            image.update(bytes=len(data), width=size and size[0], height=size and size[1],
+                         inline=len(encoded) <= INLINE_BASE64)
+            if image["inline"]:
+                return encoded
+            dims = f" {size[0]}x{size[1]}" if size else ""
+            return (f"[image {image['n']}: {media or 'image'}{dims}, {len(data):,} bytes; its {len(encoded):,} "
+                    f"base64 characters were sent here]").encode()
+
+        text = fill_images(stored, shown).decode("utf-8", "replace")
+        whole = None if not all(i["kept"] for i in images) else \
+            len(restore_request(stored, lambda digest: blobs[digest][0]))
+        return {"request_raw": text, "response_raw": response, "images": images, "request_bytes": whole}
+
+    def request(self, call_id: str, session_id: str | None = None) -> bytes:
+        """The request's bytes as the harness sent them (redacted when recorded), every kept image put back."""
+        row = self._call_row(call_id, session_id, ("session_id", "request_raw"))
+        if row["request_raw"] is None:
+            raise NotFound(f"call {call_id!r} has no stored request")
+        stored = decompress(row["request_raw"])
+        blobs = self._blobs(row["session_id"], stored)
+        unkept: list[str | None] = []
+        fill_images(stored, lambda digest: None if digest in blobs else unkept.append(digest))
+        if unkept:
+            raise NotFound(f"call {call_id!r}: the request as sent is not stored, {len(unkept)} of its images' bytes "
+                           f"were not kept (forge-record --images hash-only or drop)")
+        return restore_request(stored, lambda digest: blobs[digest][0])
+
+    def _blobs(self, session_id: str, stored: bytes) -> dict[str, tuple[bytes, str | None]]:
+        """The session's blobs a stored request refers to: hash -> (bytes, media type)."""
+        hashes: list[str] = []
+        fill_images(stored, lambda digest: hashes.append(digest) if digest else None)
+        if not hashes:
+            return {}
+        rows = self._query("SELECT blob_hash, any_value(data) AS data, any_value(media_type) AS media_type FROM blobs "
+                           "WHERE session_id = $sid AND list_contains($hashes, blob_hash) GROUP BY 1",
+                           {"sid": session_id, "hashes": sorted(set(hashes))})
+        return {r["blob_hash"]: (r["data"], r["media_type"]) for r in rows if r["data"] is not None}
 
     def blob(self, session_id: str, blob_hash: str) -> tuple[bytes, str]:
         """An image's bytes and media type."""

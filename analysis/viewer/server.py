@@ -9,6 +9,7 @@ anything else is a bug and is logged with its traceback (500).
     GET /api/facets             filter values    GET /api/call?id=C[&session=S]  one call's messages, tools
     GET /api/sessions?...       a page of the    GET /api/raw?id=C[&session=S]   its raw request and response
                                 sessions list    GET /api/blob?session=S&hash=H   an image
+    GET /api/request?id=C[&session=S]            the request's bytes as sent (its images put back)
     GET /api/tokens?session=S&segment=N          the segment as a training sample, token by token
     GET /report?by=harness                       the HTML report, its group cells linking to the list
 """
@@ -53,7 +54,7 @@ class Viewer:
         self.root, self.renderer, self.threads = root, renderer, threads
         self.data = Dataset(root, threads=threads)
 
-    def _one(self, q: dict[str, str], name: str) -> str:
+    def one(self, q: dict[str, str], name: str) -> str:
         if not q.get(name):
             raise ValueError(f"missing parameter {name!r}")
         return q[name]
@@ -68,14 +69,14 @@ class Viewer:
             return self.data.sessions({k: q[k] for k in (*FILTERS, "label", "q") if q.get(k)},
                                       q.get("sort", "time"), q.get("dir", "desc") != "asc", q.get("after"), limit)
         if path == "/api/session":
-            return self.data.session(self._one(q, "id"))
+            return self.data.session(self.one(q, "id"))
         if path == "/api/call":
-            return self.data.call(self._one(q, "id"), q.get("session"))
+            return self.data.call(self.one(q, "id"), q.get("session"))
         if path == "/api/raw":
-            return self.data.raw(self._one(q, "id"), q.get("session"))
+            return self.data.raw(self.one(q, "id"), q.get("session"))
         if path == "/api/tokens":
             with self.data.lock:
-                return token_view(self.data.con, self._one(q, "session"), int(self._one(q, "segment")), self.renderer)
+                return token_view(self.data.con, self.one(q, "session"), int(self.one(q, "segment")), self.renderer)
         raise NotFound(f"no endpoint {path}")
 
     def report(self, by: str) -> str:
@@ -130,6 +131,9 @@ def _handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
             elif path == "/api/blob":
                 data, media = viewer.data.blob(q.get("session", ""), q.get("hash", ""))
                 self._send(HTTPStatus.OK, data, media)
+            elif path == "/api/request":
+                body = viewer.data.request(viewer.one(q, "id"), q.get("session"))
+                self._send(HTTPStatus.OK, body, "text/plain; charset=utf-8")
             elif path == "/report":
                 self._send(HTTPStatus.OK, viewer.report(q.get("by", "harness")).encode(), _STATIC["index.html"])
             elif path.startswith("/api/"):

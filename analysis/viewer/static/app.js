@@ -179,6 +179,20 @@ function messageNode(m, results, sid, history) {
     m.parts.map((p) => partNode(p, results, sid)));
 }
 
+// What the raw request shows in place of its images: each long base64 as the image's size (the whole request,
+// images put back, one link away), and images whose bytes were not kept as such.
+function requestNote(r, callId, sid) {
+  const bySize = r.images.filter((i) => i.kept && !i.inline).length;
+  const unkept = r.images.filter((i) => !i.kept).length;
+  if (!bySize && !unkept) return null;
+  const href = `/api/request?id=${encodeURIComponent(callId)}&session=${encodeURIComponent(sid)}`;
+  return el("p", { class: "muted", id: "raw-images" },
+    bySize ? `${bySize} image${bySize > 1 ? "s" : ""} shown by size, not base64` : null,
+    bySize && !unkept ? [": ", el("a", { href, target: "_blank" },
+                                  `the whole request as sent (${fmt.int(r.request_bytes)} bytes)`)] : null,
+    unkept ? `${bySize ? "; " : ""}${unkept} image${unkept > 1 ? "s" : ""} recorded without bytes` : null);
+}
+
 async function showCall(detail, row, byId) {
   const c = await api("call", { id: row.call_id, session: row.session_id });
   const prev = row.continues_call && byId[row.continues_call];
@@ -189,7 +203,8 @@ async function showCall(detail, row, byId) {
   const raw = el("div", { id: "raw" });
   const rawButton = el("button", { id: "show-raw", onclick: async () => {
     const r = await api("raw", { id: row.call_id, session: c.session_id });
-    raw.replaceChildren(el("h2", {}, "Request (as stored, redacted)"), el("pre", {}, r.request_raw ?? "(none)"),
+    raw.replaceChildren(el("h2", {}, "Request (as sent, redacted when recorded)"), requestNote(r, row.call_id, c.session_id),
+      el("pre", {}, r.request_raw ?? "(none)"),
       el("h2", {}, "Response (as received)"), el("pre", {}, r.response_raw ?? "(none)"));
     rawButton.hidden = true;
   } }, "raw request and response");
