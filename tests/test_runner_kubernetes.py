@@ -76,7 +76,8 @@ def test_forge_run_on_kubernetes_grades_in_pods_like_the_local_runner(cluster, s
     r = subprocess.run([FORGE_RUN, str(BENCH), "--task", SPARQL_TASK, "--task", NOVEL_TASK, "--harness", "claude-code",
                         "--upstream", up.url, "--out", str(out), "--parallel", "2", "--runner", "kubernetes",
                         "--kube-api", cluster.url, "--namespace", NS, "--image", "forgerl/rollout:test",
-                        "--pod-tasks", str(BENCH), "--pod-dataset", str(out)],
+                        "--pod-tasks", str(BENCH), "--pod-dataset", str(out), "--judge", f"{up.url}/v1",
+                        "--judge-model", "scripted-judge"],
                        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {x["task_id"]: x for x in read_table(out, "outcomes").to_pylist()}
@@ -97,6 +98,7 @@ def test_forge_run_on_kubernetes_grades_in_pods_like_the_local_runner(cluster, s
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["FORGE_SESSION_ID"] == rows[SPARQL_TASK]["session_id"] and env["FORGE_TASK_ID"] == SPARQL_TASK
     assert env["FORGE_RECORDER_URL"].startswith("http://127.0.0.1:") and env["FORGE_HARNESS"] == "claude-code"
+    assert (env["FORGE_JUDGE_URL"], env["FORGE_JUDGE_MODEL"]) == (f"{up.url}/v1", "scripted-judge")
     assert container["resources"]["limits"]["memory"] == "4096Mi" and container["image"] == "forgerl/rollout:test"
     calls = read_table(out, "calls", ["session_id"]).column("session_id").to_pylist()
     assert rows[SPARQL_TASK]["session_id"] in calls
