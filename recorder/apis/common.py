@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, 
 from typing import Any
 
 from forgerl.recorder.apis.answer import Answer, Frame
+from forgerl.recorder.policy_tokens import TOKENS_KEY, read_token_extension
 from forgerl.recorder.sse import SSEEvent
 from forgerl.schema.messages import Exchange, Message, Part, Role, Usage, canonical_json, sha256_hex
 
@@ -257,7 +258,8 @@ def fill_from_choices(body: Mapping[str, Any], exchange: Exchange,
     """`parse_response` for the `choices` APIs (chat, completions), including vLLM's token ids.
 
     One output message per choice, by index; stop reason, token ids and
-    logprobs are those of the first choice (the Exchange holds one sequence).
+    logprobs are those of the first choice (the Exchange holds one sequence);
+    the `forge` extension a forgerl gateway adds (`policy_tokens.py`) is read too.
     """
     exchange.error = error_of(body)
     exchange.model_returned = body.get("model")
@@ -270,6 +272,7 @@ def fill_from_choices(body: Mapping[str, Any], exchange: Exchange,
     exchange.completion_logprobs = logprobs_of(first.get("logprobs"))
     exchange.prompt_token_ids = (body.get("prompt_token_ids") or first.get("prompt_token_ids")
                                  or exchange.prompt_token_ids)
+    read_token_extension(body, exchange)  # a forgerl gateway's count of malformed tool calls
 
 
 # -- streams ------------------------------------------------------------------
@@ -457,8 +460,9 @@ class ChoiceWriter:
 
     vLLM's token fields ride as vLLM sends them: the prompt's ids once (on the
     body, or on the choice for completions), the completion's ids and logprobs
-    with the finishing choice. A stream ends with a usage chunk when the
-    request asked for one (`stream_options.include_usage`), then ``[DONE]``.
+    with the finishing choice; what vLLM has no field for (the malformed tool
+    call count) in the `forge` extension beside them (`policy_tokens.py`). A
+    stream ends with a usage chunk when the request asked for one (`stream_options.include_usage`), then ``[DONE]``.
     """
 
     def __init__(self, answer: Answer, request: Mapping[str, Any], id_prefix: str, objects: tuple[str, str],
@@ -471,7 +475,7 @@ class ChoiceWriter:
         self._include_usage = isinstance(options, dict) and options.get("include_usage") is True
 
     def body(self, **fields: Any) -> dict[str, Any]:
-        return self._envelope(False, [self._choice(fields, True)], usage=self._usage())
+        return self._envelope(False, [self._choice(fields, True)], usage=self._usage(), **self._extension())
 
     def ends(self, answer: Answer, finish: str, logprobs: dict[str, Any] | None) -> None:
         """A streamed answer is whole: its last chunks say how it ended (the stream was begun from its head)."""
@@ -483,7 +487,7 @@ class ChoiceWriter:
 
     def end(self, **fields: Any) -> Iterator[Frame]:
         """The finishing chunk, the usage chunk if asked for, ``[DONE]``."""
-        yield Frame(None, self._envelope(True, [self._choice(fields, True)]))
+        yield Frame(None, self._envelope(True, [self._choice(fields, True)], **self._extension()))
         if self._include_usage:
             yield Frame(None, self._envelope(True, [], usage=self._usage()))
         yield Frame(None, "[DONE]")
@@ -503,6 +507,11 @@ class ChoiceWriter:
         if not self._prompt_sent and self._prompt_on_choice:
             choice["prompt_token_ids"] = self._prompt_ids()
         return choice
+
+    def _extension(self) -> dict[str, Any]:
+        if self.answer.completion_token_ids is None:
+            return {}
+        return {TOKENS_KEY: {"malformed_tool_calls": self.answer.turn.malformed}}
 
     def _prompt_ids(self) -> list[int]:
         self._prompt_sent = True
