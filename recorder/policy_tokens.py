@@ -10,7 +10,9 @@ extension object under `TOKENS_KEY` to the response body it sends:
   message, so the reassembled body has it too);
 - OpenAI Responses: the response object, streamed in `response.completed`;
 - Chat Completions answers use vLLM's own fields instead (`prompt_token_ids`,
-  per-choice `token_ids`, `logprobs.content`), which the chat codec reads.
+  per-choice `token_ids`, `logprobs.content`), which the chat codec reads,
+  and an extension with `malformed_tool_calls` only, on the body or the
+  finishing chunk.
 
     "forge": {"prompt_token_ids": [...], "completion_token_ids": [...], "completion_logprobs": [...],
               "malformed_tool_calls": N}
