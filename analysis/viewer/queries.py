@@ -102,6 +102,13 @@ def decode_cursor(text: str) -> tuple[Any, str]:
     return key, str(session_id)
 
 
+def _as_sent(stored: bytes, blobs: dict[str, tuple[bytes, str | None]]) -> bytes | None:
+    """A stored request as sent, every image put back from `blobs`; None when some image's bytes were not kept."""
+    unkept: list[str | None] = []
+    fill_images(stored, lambda digest: None if digest in blobs else unkept.append(digest))
+    return None if unkept else restore_request(stored, lambda digest: blobs[digest][0])
+
+
 class Dataset:
     """A dataset opened for the viewer: every query it answers, one at a time."""
 
@@ -254,9 +261,9 @@ class Dataset:
                     f"base64 characters were sent here]").encode()
 
         text = fill_images(stored, shown).decode("utf-8", "replace")
-        whole = None if not all(i["kept"] for i in images) else \
-            len(restore_request(stored, lambda digest: blobs[digest][0]))
-        return {"request_raw": text, "response_raw": response, "images": images, "request_bytes": whole}
+        sent = _as_sent(stored, blobs)
+        return {"request_raw": text, "response_raw": response, "images": images,
+                "request_bytes": None if sent is None else len(sent)}
 
     def request(self, call_id: str, session_id: str | None = None) -> bytes:
         """The request's bytes as the harness sent them (redacted when recorded), every kept image put back."""
@@ -264,13 +271,11 @@ class Dataset:
         if row["request_raw"] is None:
             raise NotFound(f"call {call_id!r} has no stored request")
         stored = decompress(row["request_raw"])
-        blobs = self._blobs(row["session_id"], stored)
-        unkept: list[str | None] = []
-        fill_images(stored, lambda digest: None if digest in blobs else unkept.append(digest))
-        if unkept:
-            raise NotFound(f"call {call_id!r}: the request as sent is not stored, {len(unkept)} of its images' bytes "
-                           f"were not kept (forge-record --images hash-only or drop)")
-        return restore_request(stored, lambda digest: blobs[digest][0])
+        sent = _as_sent(stored, self._blobs(row["session_id"], stored))
+        if sent is None:
+            raise NotFound(f"call {call_id!r}: the request as sent is not stored, some of its images' bytes were "
+                           f"not kept (forge-record --images hash-only or drop)")
+        return sent
 
     def _blobs(self, session_id: str, stored: bytes) -> dict[str, tuple[bytes, str | None]]:
         """The session's blobs a stored request refers to: hash -> (bytes, media type)."""
