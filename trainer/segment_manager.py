@@ -109,14 +109,15 @@ class SegmentAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # veRL's T
                                       **kwargs: Any) -> None:
         outputs = output if isinstance(output, list) else [output]
         kept = [o for o in outputs if not o.extra_fields.get("forge_infra_error")]
-        if len(kept) < len(outputs):
+        failed = len(kept) < len(outputs)
+        if failed:
             self.infra_failures += 1
             log.warning("uid %s session %s: infrastructure failure, dropped (%d so far on this worker)",
                         kwargs.get("uid"), kwargs.get("session_id"), self.infra_failures)
         rows = expand(kept, self.expansion, self.loss_agg_mode, str(kwargs.get("uid")),
                       str(kwargs.get("session_id"))) if kept else []
         malformed = int(outputs[-1].extra_fields.get("forge_malformed_tool_calls", 0)) if outputs else 0
-        counts = [len(rows), int(len(kept) < len(outputs)), malformed]
+        counts = [len(rows), int(failed), malformed]
         async with self.tag_writes:
             await tq.async_kv_put(key=kwargs["uid"], partition_id="val" if validate else "train",
                                   tag={f"{STATS_TAG}{kwargs['session_id']}": counts})
