@@ -26,7 +26,7 @@ ids and loss masks are compared with veRL's item by item. Targets (DESIGN.md
 §9): >= 10x veRL, >= 50 % of raw encode, peak RSS < 1 GB.
 
 The `gui` shape (`--shapes gui`): GUI sessions, every call resending its screenshots (PNG, stored once
-per session in blobs, sizes on the parts), no engine ids, a Qwen2.5-VL tokenizer directory
+per session in blobs, sizes on the parts; a flush per session, so a blobs file each), no engine ids, a Qwen2.5-VL tokenizer directory
 (tests/vl_checks.py). Contenders: forge-convert --to tokens (each image expanded into its image-pad ids),
 forge-convert --to verl-sft (rows with the image bytes), and veRL's MultiTurnSFTDataset with a
 Qwen2.5-VL processor over those rows (its own VL SFT path: qwen_vl_utils, the image processor, every
@@ -132,7 +132,8 @@ def build_dataset(root: Path, sessions: int, turns: int, shape_name: str = "smal
 
 
 def build_gui_dataset(root: Path, sessions: int, turns: int) -> None:
-    """GUI sessions as the recorder stores them: each step's tool result carries a new screenshot."""
+    """GUI sessions as the recorder stores them: each step's tool result carries a new screenshot. A flush
+    after each session, as a recorder flushing every few seconds writes them: a blobs file per session."""
     from forgerl.recorder.images import image_size
     from forgerl.schema.messages import Exchange, Message, Part, sha256_hex
     from forgerl.schema.records import CallRecord
@@ -173,6 +174,7 @@ def build_gui_dataset(root: Path, sessions: int, turns: int) -> None:
                 if not last:
                     result = (Part("text", text=f"Ran {ACTIONS[k % len(ACTIONS)]}."), image(k + 1))
                     history.append(Message("tool", (Part("tool_result", call_id=f"c{s}_{k}", content=result),)))
+            writer.flush()
 
 
 # -- contenders (each in its own process) ------------------------------------------------------
