@@ -27,6 +27,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,6 +214,24 @@ class ScriptedPolicyServer(_ServerThread):
                 await asyncio.sleep(self.delay_s)
         await response.write(b"data: [DONE]\n\n")
         return response
+
+
+def _chat_first_text(data: dict) -> bool:
+    return any((choice.get("delta") or {}).get("content") for choice in data.get("choices") or [])
+
+
+# api -> (path, a streamed request whose user turn says `text`, is this SSE data the first generated text?)
+FIRST_TEXT: dict[str, tuple[str, Callable[[str], dict], Callable[[dict], bool]]] = {
+    "anthropic": ("/v1/messages",
+                  lambda text: {"model": "m", "max_tokens": 1024, "stream": True,
+                                "messages": [{"role": "user", "content": text}]},
+                  lambda data: data.get("type") == "content_block_delta"),
+    "responses": ("/v1/responses", lambda text: {"model": "m", "input": text, "stream": True},
+                  lambda data: data.get("type") == "response.output_text.delta"),
+    "chat": ("/v1/chat/completions",
+             lambda text: {"model": "m", "stream": True, "messages": [{"role": "user", "content": text}]},
+             _chat_first_text),
+}
 
 
 class TinyServerManager:

@@ -25,7 +25,7 @@ from forgerl.recorder.serve import GatewayThread, PolicyGateway
 from forgerl.schema.toolcalls import FORMATS, parse_generation
 
 from conftest import session_calls
-from serve_fixtures import TOKENIZER_DIR, ScriptedPolicyServer
+from serve_fixtures import FIRST_TEXT, TOKENIZER_DIR, ScriptedPolicyServer
 
 THINK = ("<think>\nThe user wants a long answer, so I will write one.\n</think>\n\nHere is a longer answer that "
          "streams in many pieces, one token at a time, as the policy writes it.")
@@ -108,24 +108,12 @@ def test_anthropic_text_arrives_while_the_policy_generates(served, policy, tok):
         [{"role": "user", "content": "[[think]]"}], tokenize=False, add_generation_prompt=True))
 
 
-# api -> (path, body, is this SSE data the first generated text?)
-FIRST_TEXT = {
-    "anthropic": ("/v1/messages", {"model": "claude-x", "max_tokens": 500, "stream": True,
-                                   "messages": [{"role": "user", "content": "[[stall]]"}]},
-                  lambda data: data.get("type") == "content_block_delta"),
-    "responses": ("/v1/responses", {"model": "gpt-x", "input": "[[stall]]", "stream": True},
-                  lambda data: data.get("type") == "response.output_text.delta"),
-    "chat": ("/v1/chat/completions", {"model": "gpt-x", "stream": True,
-                                      "messages": [{"role": "user", "content": "[[stall]]"}]},
-             lambda data: any((c.get("delta") or {}).get("content") for c in data.get("choices") or [])),
-}
-
-
 @pytest.mark.parametrize("api", list(FIRST_TEXT))
 def test_the_first_token_reaches_the_harness_while_the_policy_stalls(served, policy, api):
     """The policy sends one plain-text token and stalls until the harness has seen it: through the recorder and the
     gateway, nothing waits for a second token (no buffering, no holdback of text that cannot start a tag)."""
-    path, body, first_text = FIRST_TEXT[api]
+    path, body_of, first_text = FIRST_TEXT[api]
+    body = body_of("[[stall]]")
     policy.release.clear()
     seen = None
     try:
@@ -148,7 +136,8 @@ def test_a_harness_that_hangs_up_mid_stream_stops_the_generation_without_an_erro
     """The gateway's next write finds the harness gone: it closes the policy's stream, logs no traceback, and
     counts no finished call."""
     gateway = PolicyGateway(HTTPPolicy(policy.url, "tiny"), tok, "tiny")
-    path, body, first_text = FIRST_TEXT["chat"]
+    path, body_of, first_text = FIRST_TEXT["chat"]
+    body = body_of("[[stall]]")
     policy.release.clear()
     try:
         with GatewayThread(gateway) as url:
