@@ -17,7 +17,7 @@ the request to the first generated text in the answer's stream
 TTFT minus the same trial's policy TTFT, so machine load that drifts over the
 run falls on both sides of each difference.
 
-    .venv/bin/python bench/serve.py              # 12 trials per API, 4 streams in flight (~2 min)
+    .venv/bin/python bench/serve.py              # 12 trials per API, 4 streams in flight (~3 min)
     .venv/bin/python bench/serve.py --quick      # 4 trials
 
 Target (issue 15): at most 5 ms added at p50. Before serve mode streamed,
