@@ -235,9 +235,11 @@ class PolicyGateway:
             async with aclosing(deltas(self.policy, turn.prompt.ids, turn.sampling)) as generated:
                 async for delta in generated:
                     await _send(response, turn.tell(writer, turn.add(delta)))
-        except ConnectionResetError:  # the harness hung up mid-stream (the recorder keeps what it got)
+        except ConnectionResetError:
+            if request.transport is not None and not request.transport.is_closing():
+                raise  # not the harness's connection: a bug, with its traceback
             log.info("the harness closed the stream of %s before its end", turn.prompt.answer_id)
-            return response
+            return response  # the recorder keeps what it got
         except PolicyError as e:
             log.warning("policy failed mid-stream: %s", e)
             await _send(response, writer.fail(str(e)))
