@@ -15,7 +15,10 @@ the request to the first generated text in the answer's stream
 (`content_block_delta`, `response.output_text.delta`, a chunk with
 `content`; the policy's own: its first token chunk). "Added" is a trial's
 TTFT minus the same trial's policy TTFT, so machine load that drifts over the
-run falls on both sides of each difference.
+run falls on both sides of each difference. Each request names itself with a
+`[[marker]]` the policy stamps (when it had the prompt, when its first token
+left), which splits serve mode's added time into the request side (harness
+to policy) and the token side (policy's first token to the harness's text).
 
     .venv/bin/python bench/serve.py              # 12 trials per API, 4 streams in flight (~3 min)
     .venv/bin/python bench/serve.py --quick      # 4 trials
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -52,12 +56,33 @@ TOKENS, PACE_S = 200, 0.02
 POLICY = f"""
 import sys, time
 sys.path.insert(0, {str(REPO / 'tests')!r})
+from aiohttp import web
 from transformers import AutoTokenizer
 from serve_fixtures import TOKENIZER_DIR, ScriptedPolicyServer
 tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
 words = " ".join(f"w{{n}}" for n in range(400))
 text = tok.decode(tok.encode(words)[:{TOKENS - 1}])
-with ScriptedPolicyServer(tok, {{"default": text}}, delay_s={PACE_S}) as server:
+
+class Turns(dict):
+    def __missing__(self, name):  # every [[marker]] says the same turn
+        return text
+
+class Stamped(ScriptedPolicyServer):
+    received = {{}}
+
+    def routes(self, app):
+        super().routes(app)
+        app.router.add_get("/stamps", self.stamps)
+
+    def _turn(self, prompt):
+        said = super()._turn(prompt)
+        self.received[said[0]] = time.monotonic()
+        return said
+
+    async def stamps(self, request):  # marker -> [prompt in, first token out]
+        return web.json_response({{s.turn: [self.received[s.turn], s.first_sent] for s in self.said}})
+
+with Stamped(tok, Turns(), delay_s={PACE_S}) as server:
     print(server.url, flush=True)
     sys.stdin.read()
 """
@@ -74,64 +99,96 @@ with GatewayThread(gateway) as url:
     sys.stdin.read()
 """
 
-APIS = {api: (path, body_of("hi"), first) for api, (path, body_of, first) in FIRST_TEXT.items()}
-DIRECT = {"model": "m", "prompt": [151644, 872, 198, 6023], "max_tokens": 1024, "stream": True,
-          "return_token_ids": True, "logprobs": 1}  # the policy asked directly (`/v1/completions`)
 CONFIGS = ("policy", "gateway", "serve")
+Timing = tuple[float, float, float, float]  # TTFT, whole stream (s); when sent, when the first text came (monotonic)
+
+
+@functools.cache
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+
+
+def _direct_body(text: str) -> dict:
+    """The policy asked directly (`/v1/completions`) for the turn a harness's `text` asks for."""
+    tok = _tokenizer()
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return {"model": "m", "prompt": tok.encode(prompt, add_special_tokens=False), "max_tokens": 1024, "stream": True,
+            "return_token_ids": True, "logprobs": 1}
+
+
+def _ttft(timing: Timing, stamp: list[float]) -> float:
+    return timing[0]
+
+
+def _request_side(timing: Timing, stamp: list[float]) -> float:
+    """From sending the request until the policy has the prompt."""
+    return stamp[0] - timing[2]
+
+
+def _token_side(timing: Timing, stamp: list[float]) -> float:
+    """From the policy's first token leaving until the harness has it as text."""
+    return timing[3] - stamp[1]
 
 
 def _direct_first(data: dict) -> bool:
     return bool(data["choices"][0].get("token_ids"))
 
 
-async def timed(session: aiohttp.ClientSession, url: str, body: dict, first, started: asyncio.Future) -> tuple[float, float]:
-    """(seconds to the first generated text, seconds to the end of the stream); `started` is set at the first text."""
-    start = time.perf_counter()
-    ttft = None
+async def timed(session: aiohttp.ClientSession, url: str, body: dict, first, started: asyncio.Future) -> Timing:
+    """One streamed request, read to its end; `started` is set at the first text."""
+    sent = time.monotonic()
+    first_at = None
     try:
         async with session.post(url, json=body) as response:
             response.raise_for_status()
             decoder = SSEDecoder()
             async for chunk in response.content.iter_any():
                 for event in decoder.feed(chunk):
-                    if ttft is None and event.data.strip() != "[DONE]" and first(json.loads(event.data)):
-                        ttft = time.perf_counter() - start
+                    if first_at is None and event.data.strip() != "[DONE]" and first(json.loads(event.data)):
+                        first_at = time.monotonic()
                         started.set_result(None)
     finally:
         if not started.done():
             started.set_result(None)
-    if ttft is None:
+    if first_at is None:
         raise RuntimeError(f"{url}: no generated text in the stream")
-    return ttft, time.perf_counter() - start
+    return first_at - sent, time.monotonic() - sent, sent, first_at
 
 
-async def trials(urls: dict[str, str], n: int, parallel: int) -> dict[tuple[int, str, str], tuple[float, float]]:
-    """(trial, api, config) -> (TTFT, whole stream) for `n` trials of every API through every config."""
+async def trials(urls: dict[str, str], n: int, parallel: int) -> tuple[dict, dict]:
+    """(trial, api, config) -> `Timing` for `n` trials of every API through every config, and the policy's
+    stamps: (trial, api, config) -> (when it had the prompt, when its first token left)."""
     gate = asyncio.Semaphore(parallel)
-    timings: dict[tuple[int, str, str], tuple[float, float]] = {}
+    timings: dict[tuple[int, str, str], Timing] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         async def one(key: tuple[int, str, str], url: str, body: dict, first, started: asyncio.Future) -> None:
             async with gate:
                 timings[key] = await timed(session, url, body, first, started)
 
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(timed(session, urls[config] + path, body, first, loop.create_future())  # warm up:
-                               for path, body, first in APIS.values() for config in CONFIGS[1:]))  # imports, templates
+        await asyncio.gather(*(timed(session, urls[config] + path, body_of("hi"), first, loop.create_future())
+                               for path, body_of, first in FIRST_TEXT.values()  # warm up: imports, templates
+                               for config in CONFIGS[1:]))
         tasks = []
         for trial in range(n):
-            for api, (path, body, first) in APIS.items():
+            for api, (path, body_of, first) in FIRST_TEXT.items():
                 order = CONFIGS[trial % 3:] + CONFIGS[:trial % 3]
                 for config in order:
-                    url, request, is_first = ((urls[config] + "/v1/completions", DIRECT, _direct_first)
-                                              if config == "policy" else (urls[config] + path, body, first))
+                    marker = f"[[t{trial}_{api}_{config}]]"  # names the request in the policy's stamps
+                    url, body, is_first = ((urls[config] + "/v1/completions", _direct_body(marker), _direct_first)
+                                           if config == "policy" else (urls[config] + path, body_of(marker), first))
                     if config == "serve":
                         url = url.replace("/s/bench", f"/s/bench-{api}")
                     started = loop.create_future()
-                    tasks.append(asyncio.create_task(one((trial, api, config), url, request, is_first, started)))
+                    tasks.append(asyncio.create_task(one((trial, api, config), url, body, is_first, started)))
                     await started
                     await asyncio.sleep(0.05)
         await asyncio.gather(*tasks)
-    return timings
+        async with session.get(urls["policy"] + "/stamps") as response:
+            stamps = await response.json()
+    return timings, {key: stamps[f"t{key[0]}_{key[1]}_{key[2]}"] for key in timings}
 
 
 def p(values: list[float], q: int) -> float:
@@ -160,8 +217,8 @@ def main() -> int:
         try:
             RecorderControl(f"http://127.0.0.1:{port}").wait_ready(120, alive=lambda: serve.poll() is None)
             load_before = os.getloadavg()[0]
-            timings = asyncio.run(trials({"policy": policy_url, "gateway": gateway_url,
-                                          "serve": f"http://127.0.0.1:{port}/s/bench"}, n, args.parallel))
+            timings, stamps = asyncio.run(trials({"policy": policy_url, "gateway": gateway_url,
+                                                  "serve": f"http://127.0.0.1:{port}/s/bench"}, n, args.parallel))
             load = (load_before, os.getloadavg()[0])
         finally:
             serve.terminate()
@@ -169,11 +226,11 @@ def main() -> int:
             for child in (gateway, policy):
                 child.stdin.close()
                 child.wait(30)
-    print_table(timings, n, args.parallel, load)
+    print_table(timings, stamps, n, args.parallel, load)
     return 0
 
 
-def print_table(timings: dict, n: int, parallel: int, load: tuple[float, float]) -> None:
+def print_table(timings: dict, stamps: dict, n: int, parallel: int, load: tuple[float, float]) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -182,20 +239,29 @@ def print_table(timings: dict, n: int, parallel: int, load: tuple[float, float])
                         f"at most {parallel} streams in flight; load average {load[0]:.1f} -> {load[1]:.1f} on "
                         f"{os.cpu_count()} cores (ms)", box=box.MARKDOWN, title_justify="left")
     for name in ("API", "policy TTFT p50", "gateway added p50", "gateway added p90", "serve added p50",
-                 "serve added p90", "serve TTFT p50", "whole generation p50", "TTFT / whole generation"):
+                 "serve added p90", "serve request side p50", "serve token side p50",
+                 "serve TTFT p50", "whole generation p50", "TTFT / whole generation"):
         table.add_column(name, justify="left" if name == "API" else "right")
-    for api in APIS:
-        ttft = {config: [timings[(trial, api, config)][0] for trial in range(n)] for config in CONFIGS}
-        added = {config: [t - own for t, own in zip(ttft[config], ttft["policy"])] for config in CONFIGS[1:]}
-        whole = p([timings[(trial, api, "policy")][1] for trial in range(n)], 50)
-        table.add_row(api, f"{p(ttft['policy'], 50):.1f}", f"{p(added['gateway'], 50):+.1f}",
-                      f"{p(added['gateway'], 90):+.1f}", f"{p(added['serve'], 50):+.1f}",
-                      f"{p(added['serve'], 90):+.1f}", f"{p(ttft['serve'], 50):.1f}", f"{whole:.0f}",
-                      f"{p(ttft['serve'], 50) / whole:.4f}")
-    Console(width=200).print(table)
-    print("target: serve added p50 <= +5 ms (before: the first text came with the whole generation); "
-          "added = a trial's TTFT minus the same trial's policy TTFT; gateway = the policy gateway alone, "
-          "serve = forge-record serve --policy (recorder + gateway)")
+    for api in FIRST_TEXT:
+        def of(config: str, value) -> list[float]:
+            return [value(timings[(trial, api, config)], stamps[(trial, api, config)]) for trial in range(n)]
+
+        def added(config: str, value) -> list[float]:
+            return [mine - own for mine, own in zip(of(config, value), of("policy", value))]
+
+        ttft, request_side, token_side = _ttft, _request_side, _token_side
+        whole = p(of("policy", lambda timing, stamp: timing[1]), 50)
+        table.add_row(api, f"{p(of('policy', ttft), 50):.1f}", f"{p(added('gateway', ttft), 50):+.1f}",
+                      f"{p(added('gateway', ttft), 90):+.1f}", f"{p(added('serve', ttft), 50):+.1f}",
+                      f"{p(added('serve', ttft), 90):+.1f}", f"{p(added('serve', request_side), 50):+.1f}",
+                      f"{p(added('serve', token_side), 50):+.1f}", f"{p(of('serve', ttft), 50):.1f}", f"{whole:.0f}",
+                      f"{p(of('serve', ttft), 50) / whole:.4f}")
+    Console(width=220).print(table)
+    print("target: serve added p50 <= +5 ms (before: the first text came with the whole generation); added = a "
+          "trial's TTFT minus the same trial's policy TTFT; serve's request side: what it adds from sending the "
+          "request until the policy has the prompt, token side: from the policy's first token leaving until the "
+          "harness has the text (the policy's stamps); gateway = the policy gateway alone, serve = forge-record serve --policy "
+          "(recorder + gateway)")
 
 
 if __name__ == "__main__":
