@@ -126,3 +126,12 @@ def test_an_upgrade_waits_for_live_writers(v1):
     assert pq.read_schema(store.data_files(v1, "calls")[0]).names == [
         n for n in tables.CALLS.names if n not in (*segments.NO_PLACE, "tools_absent", "malformed_tool_calls")]
     assert store.read_table(v1, "calls").schema == tables.CALLS
+
+
+def test_the_bundled_example_is_at_the_current_schema():
+    """Tests and docs read `analysis/example` in place, so a stale one would be upgraded (rewritten) by the
+    first reader and leave the checkout dirty: a schema change upgrades it and commits the result."""
+    example = REPO / "analysis" / "example"
+    manifest = json.loads((example / store.MANIFEST).read_text())
+    assert manifest["schema_version"] == tables.SCHEMA_VERSION
+    assert all(store.file_version(Path(p)) == tables.SCHEMA_VERSION for p in store.data_files(example, "calls"))
