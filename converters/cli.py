@@ -30,8 +30,9 @@ modes:
 outputs (under OUT, written aside and renamed into place at the end):
   train/ val/        parquet shards (verl-sft, verl-rl, tokens) or one ATIF
                      JSON per session (atif); split by hash of session id
-  manifest.json      input version, converter version, tokenizer hash,
-                     counts, and the drift report (template vs engine ids)
+  manifest.json      input version, converter version, tokenizer hash, the
+                     filters applied (--solve-rate with its scope), counts,
+                     and the drift report (template vs engine ids)
   verl_config.yaml   data.* keys for veRL (verl-sft, verl-rl)
 
 environment:

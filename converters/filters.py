@@ -28,6 +28,20 @@ class Filters:
         """These filters with the dataset's task pass rates, which `--solve-rate` compares (read once per run)."""
         return replace(self, pass_rates=pass_rates(root, self.solve_rate.scope)) if self.solve_rate else self
 
+    def describe(self) -> dict:
+        """The filters a run applied, as the manifest records them (unset ones left out), so a shard set says
+        which sessions it kept: `--solve-rate` with the scope its rates were counted in."""
+        set_ = {"models": sorted(self.models), "since": self.since and self.since.isoformat(),
+                "until": self.until and self.until.isoformat(), "min_reward": self.min_reward,
+                "outcomes": sorted(self.outcomes), "error_free": self.error_free, "min_turns": self.min_turns,
+                "max_turns": self.max_turns}
+        if self.solve_rate:
+            scope = self.solve_rate.scope
+            set_["solve_rate"] = {"min": self.solve_rate.low, "max": self.solve_rate.high,
+                                  "harness": scope.harness, "model": scope.model,
+                                  "policy_version": scope.policy_version}
+        return {k: v for k, v in set_.items() if v not in (None, [], False)}
+
     def session_reason(self, session: Session) -> str | None:
         """Why a session is dropped, or None to keep it."""
         started = session.started

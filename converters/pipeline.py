@@ -198,7 +198,7 @@ def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, p
                                                      "sha256": tokenizer_hash(renderer.tokenizer)},
         "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from,
                     "drift": opts.drift, "harnesses": sorted(opts.harnesses),
-                    "allow_tools_absent": opts.allow_tools_absent},
+                    "allow_tools_absent": opts.allow_tools_absent, "filters": opts.filters.describe()},
         "counts": dict(counts), "dropped": dict(dropped), "files": files,
         "drift": drift.to_dict() if renderer is not None else None,
     }

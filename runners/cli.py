@@ -184,9 +184,14 @@ def _runnable(tasks: list[Task], persona_refusal: str) -> list[Task]:
     return kept
 
 
+def _model(args: argparse.Namespace) -> str:
+    """The model each rollout asks for, as its outcome records it."""
+    return args.model or get_harness(args.harness).default_model
+
+
 def _runner(args: argparse.Namespace, recorder_url: str):
     harness = get_harness(args.harness)
-    model = args.model or harness.default_model
+    model = _model(args)
     if args.runner == "local":
         from .local import LocalRunner
         return LocalRunner(harness, recorder_url, Path(args.out), parallel=args.parallel, retries=args.retries,
@@ -210,8 +215,8 @@ def _user_model(args: argparse.Namespace) -> UserModel | None:
 
 def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) -> int:
     """One pass over tasks x attempts for one policy version; prints the pass@k table."""
-    out = Path(args.out)
-    done = outcomes.finished(out, args.harness, policy_version) if (out / "forgerl.json").exists() else set()
+    out, model = Path(args.out), _model(args)
+    done = outcomes.finished(out, args.harness, model, policy_version) if (out / "forgerl.json").exists() else set()
     todo = [Rollout(t, a, policy_version) for t in tasks for a in range(args.attempts) if (t.id, a) not in done]
     skipped = len(tasks) * args.attempts - len(todo)
     label = f" (policy {policy_version})" if policy_version else ""
@@ -238,7 +243,8 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
                 bar.update()
 
             runner.run(todo, writer, on_done=done_one)
-    rows = [r for r in outcomes.outcome_rows(out, args.harness, policy_version) if r["task_id"] in {t.id for t in tasks}]
+    ids = {t.id for t in tasks}
+    rows = [r for r in outcomes.outcome_rows(out, args.harness, model, policy_version) if r["task_id"] in ids]
     table = outcomes.pass_table(rows, args.attempts, {t.id: t for t in tasks})
     print(outcomes.format_table(table, args.attempts, outcomes.pass_rules(tasks)))
     print_table(outcomes.rate_rows(table, args.harness, policy_version),

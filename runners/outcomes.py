@@ -22,17 +22,20 @@ from .tasks import Task
 FINISHED = ("success", "failed", "timeout")
 
 
-def outcome_rows(root: Path, harness: str, policy_version: str) -> list[dict]:
+def outcome_rows(root: Path, harness: str, model: str, policy_version: str) -> list[dict]:
+    """The outcomes of one harness, model ("": the harness's own choice) and policy version."""
     if not (root / MANIFEST).exists():
         return []
     rows = read_table(root, "outcomes", ["task_id", "attempt", "harness", "model", "policy_version", "status",
                                           "reward", "passed"]).to_pylist()
-    return [r for r in rows if r["harness"] == harness and (r["policy_version"] or "") == policy_version]
+    return [r for r in rows if r["harness"] == harness and (r["model"] or "") == model
+            and (r["policy_version"] or "") == policy_version]
 
 
-def finished(root: Path, harness: str, policy_version: str) -> set[tuple[str, int]]:
-    """(task, attempt) pairs with a final outcome for this harness and policy version."""
-    return {(r["task_id"], r["attempt"]) for r in outcome_rows(root, harness, policy_version)
+def finished(root: Path, harness: str, model: str, policy_version: str) -> set[tuple[str, int]]:
+    """(task, attempt) pairs with a final outcome for this harness, model and policy version: a run with
+    another model into the same dataset runs every attempt again."""
+    return {(r["task_id"], r["attempt"]) for r in outcome_rows(root, harness, model, policy_version)
             if r["status"] in FINISHED}
 
 

@@ -131,6 +131,9 @@ def test_solve_rate_is_the_rate_of_the_scope_it_names(two_policies, tmp_path):
     qwen = _convert_rl(two_policies, tmp_path / "qwen", *band, "--solve-rate-harness", "opencode",
                        "--solve-rate-model", "qwen3-8b", "--solve-rate-policy", "step-10")
     assert rl_tasks(tmp_path / "qwen") == {"summarise", "greet"}
+    assert qwen["options"]["filters"] == {"solve_rate": {"min": 0.01, "max": 0.99, "harness": "opencode",
+                                                         "model": "qwen3-8b", "policy_version": "step-10"}}
+    assert own["options"]["filters"]["solve_rate"]["harness"] is None  # each session's own
     assert qwen["dropped"] == {"task pass rate outside --solve-rate": 6,  # fix-calc, list-files: 3 sessions each
                                "no scored attempt of its task in the --solve-rate scope": 9}  # 2 tasks + 3 taskless
     # qwen in each session's own harness: claude-code sessions by claude-code attempts (update-config 1/2 kept,
@@ -179,7 +182,7 @@ def test_a_scope_without_attempts_is_one_line(two_policies, tmp_path, capsys, ex
 
 
 def test_forge_runs_closing_table_counts_what_the_view_counts(two_policies, capsys):
-    table = outcomes.pass_table(outcomes.outcome_rows(two_policies, "opencode", "step-10"), 3)
+    table = outcomes.pass_table(outcomes.outcome_rows(two_policies, "opencode", "qwen3-8b", "step-10"), 3)
     closing = outcomes.rate_rows(table, "opencode", "step-10")
     view = pass_rate_rows(connect(two_policies), Scope(harness="opencode", model="qwen3-8b", policy_version="step-10"))
     assert closing == [{k: r[k] for k in closing[0]} for r in view]
@@ -187,3 +190,10 @@ def test_forge_runs_closing_table_counts_what_the_view_counts(two_policies, caps
     line = next(x for x in capsys.readouterr().out.splitlines() if "greet" in x)
     cells = [c.strip() for c in line.strip("│ ").split("│")]
     assert cells == ["greet", "opencode", "qwen3-8b", "step-10", "3", "1", "0.333", "0.333", "sometimes"]
+
+
+def test_a_rerun_with_another_model_is_not_finished(two_policies):
+    """forge-run skips the attempts already graded for its harness, model and policy version only."""
+    done = outcomes.finished(two_policies, "opencode", "qwen3-8b", "step-10")
+    assert ("greet", 0) in done and ("greet", 9) not in done  # attempt 9 was an infra error
+    assert outcomes.finished(two_policies, "opencode", "qwen3-32b", "step-10") == set()
