@@ -6,6 +6,7 @@ import gc
 import hashlib
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -13,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -25,7 +27,7 @@ from .drift import DriftReport
 from .filters import Filters
 from .samples import Mode, samples
 from .shards import Output, SeenSet, ShardWriter, split_of
-from .source import check_dataset, iter_sessions
+from .source import check_dataset, connect, iter_sessions
 from .threads import segment_session
 from .tokenizer import load_tokenizer, tokenizer_hash
 from .tokens import Renderer, has_engine_ids, tokenize, token_row
@@ -84,8 +86,8 @@ def check_options(opts: Options) -> None:
 
 
 class _Writers:
-    def __init__(self, output: Output, target: str, shard_bytes: int, counts: Counter):
-        self.output, self.target, self.shard_bytes, self.counts = output, target, shard_bytes, counts
+    def __init__(self, output: Output, target: str, shard_bytes: int):
+        self.output, self.target, self.shard_bytes = output, target, shard_bytes
         self.writers: dict[tuple[str, str], ShardWriter] = {}
 
     def add(self, split: str, row: dict[str, Any], prefix: str = "part") -> None:
@@ -98,9 +100,14 @@ class _Writers:
     def close(self) -> dict[str, list[str]]:
         files: dict[str, list[str]] = {}
         for (split, _), writer in sorted(self.writers.items()):
-            writer.flush()
+            writer.close()
             files.setdefault(split, []).extend(str(p.relative_to(self.output.tmp)) for p in writer.files)
         return files
+
+    def discard(self) -> None:
+        """After a failure: no shard is still being written when the output is removed."""
+        for writer in self.writers.values():
+            writer.discard()
 
 
 def _dedupe_key(target: str, row: dict[str, Any]) -> bytes:
@@ -115,17 +122,22 @@ def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
     """Run the conversion; everything appears at `out` at the end, or nothing."""
     check_options(opts)
     dataset_manifest = check_dataset(root)
-    tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
-    renderer = Renderer(tokenizer) if tokenizer is not None else None
-    pads = ImagePads.from_tokenizer_dir(opts.tokenizer, tokenizer) if tokenizer is not None else None
+    with ThreadPoolExecutor(1) as pool:  # DuckDB starts (~20 ms, without the GIL) while the template compiles
+        connecting = pool.submit(connect, root)
+        tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
+        renderer = Renderer(tokenizer) if tokenizer is not None else None
+        pads = ImagePads.from_tokenizer_dir(opts.tokenizer, tokenizer) if tokenizer is not None else None
+        con = connecting.result()
     output = Output(out)
+    writers = _Writers(output, opts.target, opts.shard_bytes)
     try:
         with _startup_frozen():
-            manifest = _run(root, output, opts, renderer, pads, dataset_manifest)
+            manifest = _run(root, con, output, writers, opts, renderer, pads, dataset_manifest)
         output.write_json("manifest.json", manifest)
         output.commit()
         return manifest
     except BaseException:
+        writers.discard()
         output.abort()
         raise
 
@@ -145,16 +157,15 @@ def _startup_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _run(root: Path, output: Output, opts: Options, renderer: Renderer | None, pads: ImagePads | None,
-         dataset_manifest: dict) -> dict:
+def _run(root: Path, con: duckdb.DuckDBPyConnection, output: Output, writers: _Writers, opts: Options,
+         renderer: Renderer | None, pads: ImagePads | None, dataset_manifest: dict) -> dict:
     counts: Counter = Counter()
     dropped: Counter = Counter()
     drift = DriftReport(renderer, opts.drift, pads)
-    writers = _Writers(output, opts.target, opts.shard_bytes, counts)
     seen = SeenSet(output.path("dedupe.sqlite")) if opts.dedupe else None
     progress = _progress(opts.progress)
     filters = opts.filters.with_pass_rates(root)
-    for session in iter_sessions(root, harnesses=set(opts.harnesses) or None):
+    for session in iter_sessions(root, con, harnesses=set(opts.harnesses) or None):
         counts["sessions_read"] += 1
         progress.update(1)
         reason = filters.session_reason(session)

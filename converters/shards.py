@@ -12,6 +12,7 @@ import os
 import shutil
 import sqlite3
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -83,35 +84,95 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema | None) -> pa.Table:
     return pa.Table.from_arrays([_column([r.get(f.name) for r in rows], f.type) for f in schema], schema=schema)
 
 
+GROUP_ROWS = 64  # a row group of a shard with a fixed schema: at most this many rows,
+GROUP_BYTES = 8 << 20  # or this much data
+
+
 class ShardWriter:
-    """Rows of one kind to `<dir>/<prefix>-NNNNN.parquet`, a new file every `shard_bytes` of data."""
+    """Rows of one kind to `<dir>/<prefix>-NNNNN.parquet`, a new file every `shard_bytes` of data.
+
+    With a schema (`tokens`), a shard goes out a row group at a time (`GROUP_ROWS`, `GROUP_BYTES`) on a
+    thread of its own: pyarrow encodes and compresses without the GIL, so the shard is written while the
+    conversion goes on, and memory holds a row group or two rather than a shard. Without one (the verl
+    targets, whose nested columns' types are inferred) a shard is one row group, written when it is full.
+    """
 
     def __init__(self, directory: Path, prefix: str, schema: pa.Schema | None = None,
                  shard_bytes: int = 128 * 1024 * 1024):
         self.directory, self.prefix, self.schema, self.shard_bytes = directory, prefix, schema, shard_bytes
-        self.rows: list[dict[str, Any]] = []
-        self.bytes = 0
+        self.rows: list[dict[str, Any]] = []  # the row group being gathered
+        self.bytes = 0  # its size
+        self.shard_size = 0  # the current shard's, so far
         self.files: list[Path] = []
         self.count = 0
+        self._file: pq.ParquetWriter | None = None  # the shard being written (only the writing thread uses it)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="forgerl-shards")
+        self._pending: Future | None = None
 
     def add(self, row: dict[str, Any]) -> None:
+        size = _size(row)
         self.rows.append(row)
-        self.bytes += _size(row)
+        self.bytes += size
+        self.shard_size += size
         self.count += 1
-        if self.bytes >= self.shard_bytes:
+        if self.shard_size >= self.shard_bytes:
             self.flush()
+        elif self.schema is not None and (len(self.rows) >= GROUP_ROWS or self.bytes >= GROUP_BYTES):
+            self._write_group(last=False)
 
     def flush(self) -> None:
-        if not self.rows:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"{self.prefix}-{len(self.files):05d}.parquet"
-        table = _table(self.rows, self.schema)
-        strings = [f.name for f in table.schema if pa.types.is_string(f.type)
-                   or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
-        pq.write_table(table, path, compression="zstd", use_dictionary=strings)  # ids, masks: no dictionary
-        self.files.append(path)
-        self.rows, self.bytes = [], 0
+        """End the current shard: its last rows written and the file closed."""
+        if self.rows:
+            self._write_group(last=True)
+        self._wait()
+
+    def close(self) -> None:
+        """Flush, and stop the writing thread."""
+        try:
+            self.flush()
+        finally:
+            self._pool.shutdown()
+
+    def discard(self) -> None:
+        """Stop after a failed run: the pending write finished or failed, the file closed (the caller removes
+        the output)."""
+        try:
+            self._wait()
+        except Exception:  # noqa: BLE001 - the run has already failed; its own error is the one to report
+            pass
+        finally:
+            self.rows = []
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            self._pool.shutdown()
+
+    def _write_group(self, last: bool) -> None:
+        rows, self.rows, self.bytes = self.rows, [], 0
+        if last:
+            self.shard_size = 0
+        self._wait()  # one group in flight: memory holds it and the one being gathered
+        self._pending = self._pool.submit(self._write, rows, last)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _write(self, rows: list[dict[str, Any]], last: bool) -> None:
+        """On the writing thread: a row group to the current shard (opened first if need be); `last` closes it."""
+        table = _table(rows, self.schema)
+        if self._file is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"{self.prefix}-{len(self.files):05d}.parquet"
+            strings = [f.name for f in table.schema if pa.types.is_string(f.type)
+                       or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
+            self._file = pq.ParquetWriter(path, table.schema, compression="zstd", use_dictionary=strings)  # ids: none
+            self.files.append(path)
+        self._file.write_table(table)
+        if last:
+            self._file.close()
+            self._file = None
 
 
 class Output:

@@ -153,7 +153,8 @@ def check_dataset(root: Path) -> dict:
     return manifest
 
 
-def _connect(root: Path) -> duckdb.DuckDBPyConnection:
+def connect(root: Path) -> duckdb.DuckDBPyConnection:
+    """The run's DuckDB connection to the dataset, set to stream under `FORGE_CONVERT_MEMORY`."""
     return duck.connect(root, config={"memory_limit": f"{_memory_bytes()}B",
                                       "preserve_insertion_order": False})
 
@@ -258,16 +259,17 @@ def _grouped(items: Iterator[Any], session_of: Callable[[Any], str]) -> Iterator
         yield current, group
 
 
-def iter_sessions(root: Path, *, harnesses: set[str] | None = None) -> Iterator[Session]:
-    """Sessions in session-id order, each with its calls in recording order and its outcome."""
+def iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, *,
+                  harnesses: set[str] | None = None) -> Iterator[Session]:
+    """Sessions in session-id order, each with its calls in recording order and its outcome; `con` is the run's
+    connection (`connect`)."""
     try:
-        yield from _iter_sessions(root, harnesses)
+        yield from _iter_sessions(root, con, harnesses)
     except duckdb.Error as e:
         raise DatasetError(f"{root}: cannot read the dataset: {str(e).splitlines()[0]}") from None
 
 
-def _iter_sessions(root: Path, harnesses: set[str] | None) -> Iterator[Session]:
-    con = _connect(root)
+def _iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, harnesses: set[str] | None) -> Iterator[Session]:
     harness_of = dict(con.execute("SELECT session_id, harness FROM sessions").fetchall())
     outcomes = {r["session_id"]: r for r in con.sql(
         "SELECT * FROM outcomes QUALIFY row_number() OVER (PARTITION BY session_id "

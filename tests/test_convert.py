@@ -95,7 +95,7 @@ def test_sessions_are_read_in_ranges_that_fit_the_memory_limit(chat_data, tmp_pa
     whole = convert(chat_data, tmp_path / "w", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)
     monkeypatch.setattr(source, "_SORT_SHARE", 1 << 40)  # a budget under one call: a range per session
     sessions = whole["counts"]["sessions_read"]
-    assert sessions > 1 and len(source._session_ranges(chat_data, source._connect(chat_data))) == sessions
+    assert sessions > 1 and len(source._session_ranges(chat_data, source.connect(chat_data))) == sessions
     ranged = convert(chat_data, tmp_path / "r", "--to", "tokens", "--tokenizer", TOKENIZER_DIR)
     assert ranged["counts"] == whole["counts"] and ranged["drift"] == whole["drift"]
     assert rows(tmp_path / "r") == rows(tmp_path / "w")

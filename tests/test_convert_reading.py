@@ -67,7 +67,7 @@ def test_interleaved_calls_in_many_row_groups_and_ranges(tmp_path, monkeypatch):
 
     whole = convert(root, tmp_path / "one-range", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--drift", "off")
     monkeypatch.setenv("FORGE_CONVERT_MEMORY", "16MB")  # a few sessions a range
-    assert len(source._session_ranges(root, source._connect(root))) >= 3
+    assert len(source._session_ranges(root, source.connect(root))) >= 3
     ranged = convert(root, tmp_path / "ranges", "--to", "tokens", "--tokenizer", TOKENIZER_DIR, "--drift", "off")
     for manifest in (whole, ranged):
         counts = manifest["counts"]
