@@ -21,8 +21,9 @@ a process of its own, so peak RSS is its own:
                         (rendering not timed: the physical limit of tokenisation alone)
 
 Samples and tokens are the same N thread samples for all; each contender runs
-`--trials` times (5) and the fastest run counts: on this 2-core VM one
-fresh-process run of 300 small sessions takes anywhere from 0.21 to 0.52 s.
+`--trials` times (5), taking turns trial by trial, and the fastest run
+counts: on this 2-core VM one fresh-process run of 300 small sessions takes
+anywhere from 0.21 to 0.52 s.
 The template run's
 ids and loss masks are compared with veRL's item by item. Targets (DESIGN.md
 §9): >= 10x veRL, >= 50 % of raw encode, peak RSS < 1 GB.
@@ -41,6 +42,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -197,6 +199,7 @@ def run_forge(data: Path, out: Path, extra: list[str]) -> dict:
     from forgerl.converters.tokenizer import load_tokenizer
 
     load_tokenizer(tokenizer_dir())  # loaded before the clock starts, as veRL's tokenizer is
+    shutil.rmtree(out, ignore_errors=True)  # an earlier trial's output: not this run's to replace
     t = time.perf_counter()
     rc = main([str(data), "--to", "tokens", "--out", str(out), "--tokenizer", tokenizer_dir(), "--val-fraction",
                "0", "--no-progress", "--no-dedupe", *extra])
@@ -241,6 +244,7 @@ def run_forge_vl(data: Path, out: Path, vl_dir: str, target: str) -> dict:
 
     ImagePads.from_tokenizer_dir(vl_dir, load_tokenizer(vl_dir))  # transformers' image processor, pre-clock
     extra = ["--tokenizer", vl_dir] if target == "tokens" else []
+    shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
     rc = main([str(data), "--to", target, "--out", str(out), "--val-fraction", "0", "--no-progress", "--no-dedupe",
                *extra])
@@ -288,16 +292,19 @@ def worker(argv: list[str]) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def child(*args: str, trials: int) -> dict:
-    """The fastest of `trials` runs, each in a fresh process (peak RSS: the largest of them)."""
-    results = []
+def race(contenders: dict[str, tuple[str, ...]], trials: int) -> dict[str, dict]:
+    """Each contender's fastest of `trials` runs, each run in a fresh process (peak RSS: the largest of its
+    runs). The contenders take turns, trial by trial, so a slow spell of the machine falls on all alike."""
+    results: dict[str, list[dict]] = {name: [] for name in contenders}
     for _ in range(trials):
-        proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            raise SystemExit(f"bench worker {args[0]} failed:\n{proc.stderr[-3000:]}")
-        results.append(json.loads(line[len("RESULT "):]))
-    return {**min(results, key=lambda r: r["seconds"]), "rss_mb": max(r["rss_mb"] for r in results)}
+        for name, args in contenders.items():
+            proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if proc.returncode != 0 or line is None:
+                raise SystemExit(f"bench worker {args[0]} failed:\n{proc.stderr[-3000:]}")
+            results[name].append(json.loads(line[len("RESULT "):]))
+    return {name: {**min(runs, key=lambda r: r["seconds"]), "rss_mb": max(r["rss_mb"] for r in runs)}
+            for name, runs in results.items()}
 
 
 def rendered_texts(sft: Path, out: Path) -> None:
@@ -352,9 +359,10 @@ def run_gui(sessions: int, turns: int, trials: int) -> None:
         base = Path(tmp)
         build_gui_dataset(base / "data", sessions, turns)
         vl_dir = str(vl_tokenizer_dir(base / "qwen2_5_vl"))
-        tokens = child("forge-vl", str(base / "data"), str(base / "tok"), vl_dir, "tokens", trials=trials)
-        sft = child("forge-vl", str(base / "data"), str(base / "sft"), vl_dir, "verl-sft", trials=trials)
-        verl = child("verl-vl", str(base / "sft"), str(base / "verl-ids.json"), vl_dir, trials=1)
+        ours = race({"tokens": ("forge-vl", str(base / "data"), str(base / "tok"), vl_dir, "tokens"),
+                     "sft": ("forge-vl", str(base / "data"), str(base / "sft"), vl_dir, "verl-sft")}, trials)
+        tokens, sft = ours["tokens"], ours["sft"]
+        verl = race({"verl": ("verl-vl", str(base / "sft"), str(base / "verl-ids.json"), vl_dir)}, 1)["verl"]
         same, total = _compare(base / "tok", base / "verl-ids.json")
     sft["tokens"] = tokens["tokens"]  # the same samples: a verl-sft row is the conversation a tokens row holds
     print(f"\nforge-convert bench, shape gui: {sessions} sessions x {turns + 1} calls, {turns + 1} screenshots "
@@ -382,20 +390,17 @@ def run_shape(shape_name: str, sessions: int, turns: int, trials: int) -> None:
         assert convert([str(data), "--to", "verl-sft", "--out", str(base / "sft"), "--val-fraction", "0",
                         "--no-progress", "--no-dedupe"]) == 0
         rendered_texts(base / "sft", base / "texts.json")
-        engine = child("forge", str(data), str(base / "tok-engine"), trials=trials)
-        engine_last = child("forge", str(data), str(base / "tok-engine-last"), "--drift", "last", trials=trials)
-        engine_off = child("forge", str(data), str(base / "tok-engine-off"), "--drift", "off", trials=trials)
-        template = child("forge", str(data), str(base / "tok-template"), "--tokens-from", "template", trials=trials)
-        template_off = child("forge", str(data), str(base / "tok-template-off"), "--tokens-from", "template",
-                             "--drift", "off", trials=trials)
-        verl = child("verl", str(base / "sft"), str(base / "verl-ids.json"), trials=trials)
-        raw = child("raw", str(base / "texts.json"), trials=trials)
+        results = race({
+            "tokens (engine)": ("forge", str(data), str(base / "tok-engine")),
+            "tokens (engine, --drift last)": ("forge", str(data), str(base / "tok-engine-last"), "--drift", "last"),
+            "tokens (engine, --drift off)": ("forge", str(data), str(base / "tok-engine-off"), "--drift", "off"),
+            "tokens (template)": ("forge", str(data), str(base / "tok-template"), "--tokens-from", "template"),
+            "tokens (template, --drift off)": ("forge", str(data), str(base / "tok-template-off"), "--tokens-from",
+                                               "template", "--drift", "off"),
+            "veRL MultiTurnSFTDataset": ("verl", str(base / "sft"), str(base / "verl-ids.json")),
+            "raw encode_batch": ("raw", str(base / "texts.json"))}, trials)
         same, total = _compare(base / "tok-template", base / "verl-ids.json")
-    print_table(shape_name, sessions, turns,
-                {"tokens (engine)": engine, "tokens (engine, --drift last)": engine_last,
-                 "tokens (engine, --drift off)": engine_off, "tokens (template)": template,
-                 "tokens (template, --drift off)": template_off, "veRL MultiTurnSFTDataset": verl,
-                 "raw encode_batch": raw}, same, total)
+    print_table(shape_name, sessions, turns, results, same, total)
 
 
 def _compare(tokens_out: Path, verl_ids: Path) -> tuple[int, int]:
