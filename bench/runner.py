@@ -1,6 +1,6 @@
 """Local runner throughput and per-rollout overhead, against the bare harness CLI through the same recorder.
 
-    .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 3 trials of 16 rollouts each
+    .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 3 trials of 48 rollouts each
     .venv/bin/python bench/runner.py --quick    # parallelism 1, 4; one trial of 4 rollouts
     .venv/bin/python bench/runner.py --levels 1 --trials 5
 
@@ -99,8 +99,10 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=3, help="bare/runner pairs per level (the median ratio counts)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16], help="the parallelism levels to run")
+    p.add_argument("--rollouts", type=int, default=48, help="rollouts per trial and side: three waves at the "
+                   "highest level, so the throughput is not one wave's slowest harness and the batch's last grade")
     args = p.parse_args()
-    levels, n, trials = ((1, 4), 4, 1) if args.quick else (args.levels, 16, args.trials)
+    levels, n, trials = ((1, 4), 4, 1) if args.quick else (args.levels, args.rollouts, args.trials)
     harness = get_harness(args.harness)
     exe = harness.find()
     task = find_task(BENCH, SPARQL_TASK)
