@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from bisect import bisect_right
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cached_property, lru_cache
@@ -153,10 +154,20 @@ def check_dataset(root: Path) -> dict:
     return manifest
 
 
+@contextmanager
+def _readable(root: Path) -> Iterator[None]:
+    """DuckDB's errors reading the dataset as the one-line `DatasetError` the CLI reports."""
+    try:
+        yield
+    except duckdb.Error as e:
+        raise DatasetError(f"{root}: cannot read the dataset: {str(e).splitlines()[0]}") from None
+
+
 def connect(root: Path) -> duckdb.DuckDBPyConnection:
     """The run's DuckDB connection to the dataset, set to stream under `FORGE_CONVERT_MEMORY`."""
-    return duck.connect(root, config={"memory_limit": f"{_memory_bytes()}B",
-                                      "preserve_insertion_order": False})
+    with _readable(root):  # the views bind every file's schema here
+        return duck.connect(root, config={"memory_limit": f"{_memory_bytes()}B",
+                                          "preserve_insertion_order": False})
 
 
 @lru_cache(maxsize=64)
@@ -263,10 +274,8 @@ def iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, *,
                   harnesses: set[str] | None = None) -> Iterator[Session]:
     """Sessions in session-id order, each with its calls in recording order and its outcome; `con` is the run's
     connection (`connect`)."""
-    try:
+    with _readable(root):
         yield from _iter_sessions(root, con, harnesses)
-    except duckdb.Error as e:
-        raise DatasetError(f"{root}: cannot read the dataset: {str(e).splitlines()[0]}") from None
 
 
 def _iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, harnesses: set[str] | None) -> Iterator[Session]:
