@@ -6,9 +6,14 @@
 
 The model is the scripted upstream performing QwenClawBench task_00067 (one
 shell tool call that writes the query file, then a final answer) through a
-real harness CLI (Codex by default), behind one in-process recorder. Each
-parallelism level runs, in turn, `--trials` times (interleaved, so both see
-the same background load; the median ratio counts):
+real harness CLI (Codex by default), behind one recorder started as
+`forge-run` starts its own (`forge-record serve`, a process of its own).
+Both sides are run once before the clock (the CLI's files in the page cache,
+the runner's fork servers up). Each parallelism level runs both sides
+`--trials` times, taking turns in the order bare, runner, runner, bare, ...
+(so both see the same background load, and a machine that speeds up or slows
+down over a level favours neither side); the median of the trials' ratios
+counts:
 
     bare      the peer: the harness CLI itself, run in a fresh temp dir pointed at the recorder
               (no workspace files, no sandbox, no grading), N at a time
@@ -44,11 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from runner_fixtures import BENCH, SPARQL_TASK, task_script  # noqa: E402
 from scripted_upstream import ScriptedUpstream  # noqa: E402
 
-from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig  # noqa: E402
 from forgerl.runners.harnesses import RunContext, get_harness  # noqa: E402
 from forgerl.runners.attempt import PASSTHROUGH_ENV  # noqa: E402
 from forgerl.runners.local import LocalRunner  # noqa: E402
 from forgerl.runners.rollout import Rollout  # noqa: E402
+from forgerl.runners.serve import upstream_recorder  # noqa: E402
 from forgerl.runners.tasks import find_task  # noqa: E402
 from forgerl.schema.store import DatasetWriter  # noqa: E402
 
@@ -96,7 +101,7 @@ def runner(harness, recorder_url: str, out: Path, task, n: int, parallel: int) -
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--harness", default="codex", choices=["codex", "claude-code"])
-    p.add_argument("--trials", type=int, default=3, help="bare/runner pairs per level (the median ratio counts)")
+    p.add_argument("--trials", type=int, default=4, help="bare/runner pairs per level (the median ratio counts)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16], help="the parallelism levels to run")
     p.add_argument("--rollouts", type=int, default=48, help="rollouts per trial and side: three waves at the "
@@ -108,18 +113,24 @@ def main() -> int:
     task = find_task(BENCH, SPARQL_TASK)
     rows = []
     with tempfile.TemporaryDirectory(prefix="forgerl-bench-") as tmp, ScriptedUpstream(task_script) as up, \
-            BackgroundRecorder(RecorderConfig.one_upstream(Path(tmp) / "data", up.url)) as rec:
-        bare(harness, exe, rec.config.url, task.prompt, 1, 1)  # warm the CLI's files into the page cache
+            upstream_recorder(Path(tmp) / "data", up.url) as url:
+        data = Path(tmp) / "data"
+        bare(harness, exe, url, task.prompt, 1, 1)  # the CLI's files into the page cache
+        runner(harness, url, data, task, 2, 1)  # the fork servers started, the grading code imported
         for parallel in levels:
             pairs, cpus, timings = [], [], []
-            for _ in range(trials):  # interleaved, so both sides see the same background load
-                cpu = machine_cpu_s()
-                bare_s = bare(harness, exe, rec.config.url, task.prompt, n, parallel)
-                bare_cpu, cpu = machine_cpu_s() - cpu, machine_cpu_s()
-                run_s, trial_timings = runner(harness, rec.config.url, Path(tmp) / "data", task, n, parallel)
-                pairs.append((bare_s, run_s))
-                cpus.append((1000 * bare_cpu / n, 1000 * (machine_cpu_s() - cpu) / n))
-                timings += trial_timings
+            for trial in range(trials):
+                seconds, cpu_ms = {}, {}
+                for side in ("bare", "runner") if trial % 2 == 0 else ("runner", "bare"):
+                    cpu = machine_cpu_s()
+                    if side == "bare":
+                        seconds[side] = bare(harness, exe, url, task.prompt, n, parallel)
+                    else:
+                        seconds[side], trial_timings = runner(harness, url, data, task, n, parallel)
+                        timings += trial_timings
+                    cpu_ms[side] = 1000 * (machine_cpu_s() - cpu) / n
+                pairs.append((seconds["bare"], seconds["runner"]))
+                cpus.append((cpu_ms["bare"], cpu_ms["runner"]))
 
             def mean_ms(key: str) -> float:
                 return 1000 * statistics.mean(t[key] for t in timings)

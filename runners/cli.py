@@ -14,8 +14,8 @@ origin the recorder forwards to (http://HOST:PORT, no /v1; request paths
 pass through unchanged), speaking the harness's own API. --policy URL instead
 answers the harness from a policy server (vLLM protocol, token in / token out)
 through `forge-record serve --policy` (serve mode, token ids recorded). A
-recorder is started on a free loopback port for the run, or given with
---recorder-url (a `forge-record serve` the pods can reach, e.g. deploy/recorder.yaml).
+recorder (`forge-record serve`, a process of its own) is started on a free
+loopback port for the run, or given with --recorder-url (a `forge-record serve` the pods can reach, e.g. deploy/recorder.yaml).
 
 A Harbor task directory (task.toml, instruction.md, environment/,
 tests/test.sh), or a folder of them, runs the agent and then tests/test.sh
@@ -62,7 +62,6 @@ from tqdm import tqdm
 from forgerl.analysis.pass_rates import print_table
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
-from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.schema.store import DatasetWriter
 
 from . import outcomes
@@ -70,7 +69,7 @@ from .grading import Judge
 from .harnesses import HARNESSES, get_harness
 from .policy import PolicyVersionError, PolicyVersionSource
 from .rollout import Rollout
-from .serve import policy_recorder
+from .serve import policy_recorder, upstream_recorder
 from .simulated_user import UserModel, refusal
 from .tasks import Task, load_tasks
 
@@ -220,19 +219,17 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
     todo = [Rollout(t, a, policy_version) for t in tasks for a in range(args.attempts) if (t.id, a) not in done]
     skipped = len(tasks) * args.attempts - len(todo)
     label = f" (policy {policy_version})" if policy_version else ""
-    print(f"forge-run: {len(todo)} rollouts to run, {skipped} already finished{label}", file=sys.stderr)
     with ExitStack() as stack:
         recorder_url = args.recorder_url
         if todo and not recorder_url and args.policy:
             recorder_url = stack.enter_context(policy_recorder(out, args.policy, args.tokenizer, args.served_model,
                                                                policy_version))
         if todo and not recorder_url:
-            upstream = args.upstream
-            config = RecorderConfig.one_upstream(out, upstream, policy_version=policy_version)
-            recorder_url = stack.enter_context(BackgroundRecorder(config)).config.url
+            recorder_url = stack.enter_context(upstream_recorder(out, args.upstream, policy_version))
             if args.runner == "kubernetes":
                 print(f"forge-run: no --recorder-url: pods must reach {recorder_url} (this machine's loopback)",
                       file=sys.stderr)
+        print(f"forge-run: {len(todo)} rollouts to run, {skipped} already finished{label}", file=sys.stderr)
         if todo:
             runner = _runner(args, recorder_url)
             writer = stack.enter_context(DatasetWriter(out, source="runner"))
@@ -293,7 +290,6 @@ def _run(args: argparse.Namespace) -> int:
     persona_refusal = refusal(_user_model(args), get_harness(args.harness))
     tasks = _runnable(_select(load_tasks(args.tasks), args.task), persona_refusal)
     get_harness(args.harness).find()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     return watch(args, tasks) if args.watch else run_round(args, tasks, "")
 
 

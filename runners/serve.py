@@ -1,14 +1,20 @@
-"""`forge-run --policy`: harnesses answered by a policy through `forge-record serve --policy` (serve mode).
+"""The recorder `forge-run` starts: `forge-record serve` as a process of its own, for one round.
 
-The recorder's serve mode renders each call with the policy's chat template,
+With `--upstream` it forwards each call to the model API origin; with
+`--policy` (serve mode) it renders each call with the policy's chat template,
 asks the policy for token ids and answers in the harness's own API, recording
-token ids and logprobs with every call. The runner starts it as its own
-process on a free loopback port for a round, knows it is up from its
-readiness endpoint (`recorder/control.py`), and stops it afterwards.
+token ids and logprobs with every call. Either way it runs in its own
+process, not on a thread of the runner: its event loop then never waits for
+the GIL while the runner's threads set up, read and grade rollouts, so a
+harness's model calls are not slowed by the rollouts around it, and the two
+do not spend CPU handing the GIL back and forth (`bench/runner.py`). The
+runner starts it on a free loopback port, knows it is up from its readiness
+endpoint (`recorder/control.py`), and stops it afterwards.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -18,12 +24,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from forgerl.errors import UserError
 from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import free_port
 from forgerl.recorder.writer_process import RecorderFailure
 
 STOP_TIMEOUT_S = 30
-READY_TIMEOUT_S = 120  # loading the tokenizer comes first
+READY_TIMEOUT_S = 120  # serve mode loads the tokenizer first
+USAGE_STATUS = 2  # what every forge-* verb exits with on bad input (`forgerl.cli.run_verb`)
+_PROG = re.compile(r"^forge-record( serve)?(: error)?: ")  # how it starts that line
 
 
 def forge_record() -> str:
@@ -31,13 +40,27 @@ def forge_record() -> str:
     return str(beside) if beside.exists() else shutil.which("forge-record") or "forge-record"
 
 
-@contextmanager
+def upstream_recorder(out: Path, upstream: str, policy_version: str = "") -> Iterator[str]:
+    """`forge-record serve --upstream URL` (every API to one origin) for the duration; yields its URL."""
+    return recorder_process(out, ["--upstream", upstream], policy_version)
+
+
 def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
                     policy_version: str = "") -> Iterator[str]:
     """`forge-record serve --policy ...` for the duration; yields its URL."""
+    return recorder_process(out, ["--policy", policy, "--tokenizer", tokenizer, "--served-model", served_model],
+                            policy_version)
+
+
+@contextmanager
+def recorder_process(out: Path, options: list[str], policy_version: str = "") -> Iterator[str]:
+    """`forge-record serve OPTIONS` on a free loopback port, writing `out`, until the block ends; yields its URL.
+
+    Bad input it reports (exit status 2) is a `UserError` with its message; any other failure to start a
+    RuntimeError with its last log line.
+    """
     port = free_port()
-    cmd = [forge_record(), "serve", "--policy", policy, "--tokenizer", tokenizer, "--served-model", served_model,
-           "--listen", f"127.0.0.1:{port}", "--out", str(out)]
+    cmd = [forge_record(), "serve", *options, "--listen", f"127.0.0.1:{port}", "--out", str(out)]
     if policy_version:
         cmd += ["--policy-version", policy_version]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -49,9 +72,12 @@ def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
         RecorderControl(url).wait_ready(READY_TIMEOUT_S, alive=lambda: proc.poll() is None)
     except (RuntimeError, RecorderFailure) as e:  # exited, never ready, or ready but not recording
         proc.kill()
-        proc.wait()
+        status = proc.wait()
         drain.join()
-        raise RuntimeError(f"forge-record serve --policy did not start: {log[-1].strip() if log else e}") from None
+        said = log[-1].strip() if log else str(e)
+        if status == USAGE_STATUS:
+            raise UserError(_PROG.sub("", said)) from None
+        raise RuntimeError(f"forge-record serve {options[0]} did not start: {said}") from None
     try:
         yield url
     finally:

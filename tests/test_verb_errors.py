@@ -37,6 +37,17 @@ def test_run_bad_input_creates_no_dataset(tmp_path):
         assert not out.exists()
 
 
+def test_run_recorder_refusing_its_input_is_one_line(tmp_path):
+    """forge-run starts `forge-record serve` as a process of its own: what that refuses is forge-run's bad input."""
+    task = tmp_path / "hello.toml"
+    task.write_text('id = "hello"\nprompt = "Say hi."\n[grading]\n'
+                    'code = """\ndef grade(transcript, workspace_path):\n    return {"ok": 1.0}\n"""\n')
+    out = tmp_path / "out"
+    assert_refused(verb("forge-run", str(task), "--harness", "codex", "--upstream", "http://", "--out", str(out)),
+                   "upstream must be http(s)://HOST[:PORT][/prefix], got 'http://'")
+    assert not out.exists()
+
+
 def test_train_bad_input_leaves_no_run_folder(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
