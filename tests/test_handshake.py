@@ -6,6 +6,7 @@ writer process and the scripted upstream behind it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ import pytest
 from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from scripted_upstream import ScriptedUpstream, Turn, sequence
-from forgerl.recorder.writer_process import RecorderFailure
+from forgerl.recorder.writer_process import Flusher, RecorderFailure
 from forgerl.schema import sessions
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
@@ -188,3 +189,33 @@ def test_session_read_opens_only_the_files_that_hold_the_session(tmp_path):
     with pytest.raises(pa.ArrowInvalid):  # the check above would have failed had it opened one
         pq.read_table(next(iter(set(files) - set(mine))))
     assert sessions.session_count(root, "outcomes", "s3") == 1
+
+
+def test_barrier_flushes_leave_open_calls_snapshots_to_the_clock(tmp_path):
+    """A barrier's flush writes finished calls only; open calls are snapshotted on the flush clock (and at the end)."""
+    writer = DatasetWriter(tmp_path / "data", flush_interval=None)
+    taken: list[bool] = []
+
+    def snapshot(final: bool):
+        taken.append(final)
+        raise RuntimeError("finishing")  # what a call finishing meanwhile does: skipped, in the next snapshot
+
+    writer.track("open-call", snapshot)
+    acks, channel = os.pipe()
+    with os.fdopen(acks, "rb") as answers, os.fdopen(channel, "wb") as out:
+        flusher = Flusher(writer, out, interval=30)
+        for token in range(5):
+            flusher.request(token, token)
+            assert json.loads(answers.readline()) == {"flushed": token, "calls": token}
+        assert taken == []  # five barrier flushes, none of them snapshotted the open call
+        flusher.stop()
+        assert taken == [False]  # the last flush did
+        taken.clear()
+        clock = Flusher(writer, out, interval=0.05)
+        deadline = time.monotonic() + 10
+        while not taken and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clock.stop()
+    assert taken, "the flush clock never snapshotted the open call"
+    writer.untrack("open-call")
+    writer.close()
