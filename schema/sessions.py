@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from .records import MessageMemo
 from .segments import SessionThreads
-from .store import data_files, file_version, read_files
+from .store import data_files, read_files, schema_version
 from .tables import SCHEMA_VERSION, TABLES
 
 _Info = tuple[int, Counter]  # (schema version, rows per session)
@@ -42,8 +42,9 @@ _LOCK = threading.Lock()
 def _info(path: str) -> _Info:
     info = _INDEX.get(path)
     if info is None:
-        sessions = pq.ParquetFile(path).read(["session_id"], use_threads=False).column("session_id").to_pylist()
-        info = (file_version(Path(path)), Counter(sessions))
+        parquet = pq.ParquetFile(path)  # one footer read gives the version and the sessions
+        sessions = parquet.read(["session_id"], use_threads=False).column("session_id").to_pylist()
+        info = (schema_version(parquet.schema_arrow), Counter(sessions))
         with _LOCK:
             _INDEX[path] = info
     return info

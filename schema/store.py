@@ -123,10 +123,11 @@ def atomic_write_table(path: Path, table: pa.Table, table_name: str, version: in
 
 
 def file_version(path: Path) -> int:
-    return _version(pq.read_schema(path))
+    return schema_version(pq.read_schema(path))
 
 
-def _version(schema: pa.Schema) -> int:
+def schema_version(schema: pa.Schema) -> int:
+    """The schema version a file's Arrow schema carries (1: written before versions were)."""
     return int((schema.metadata or {}).get(VERSION_KEY, b"1"))
 
 
@@ -520,7 +521,7 @@ def read_files(table: str, paths: Iterable[Path]) -> pa.Table:
     parts = []
     for path in paths:
         pf = pq.ParquetFile(path)
-        version = _version(pf.schema_arrow)
+        version = schema_version(pf.schema_arrow)
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(f"{path}: schema version {version} is newer than this forgerl "
                                      f"({SCHEMA_VERSION}); upgrade forgerl")
