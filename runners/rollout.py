@@ -168,8 +168,12 @@ class BatchRunner:
     Subclasses have `harness`, `parallel`, `retries`, `model`, `name` and implement `attempt`.
     `parallel` bounds the harnesses running at once. A runner whose `attempt`
     holds `harness_slot` only around the harness itself (`pipelined`) keeps
-    up to as many rollouts again in flight: their workspace set-up, grading
-    and clean-up happen beside the running harnesses instead of between them.
+    up to twice as many rollouts again in flight: their workspace set-up,
+    grading and clean-up happen beside the running harnesses instead of
+    between them. Twice, because on a machine the harnesses keep busy a
+    rollout's grading (the recorder's flush, the grader) can take longer than
+    its harness did: with one rollout in set-up or grading per slot, 16
+    harnesses on 2 cores left slots waiting for a rollout to be ready.
     """
 
     retry_backoff_s: float = 0.0
@@ -207,7 +211,7 @@ class BatchRunner:
                 on_done(outcome)
             return outcome
 
-        in_flight = 2 * width if self.pipelined else width
+        in_flight = 3 * width if self.pipelined else width
         with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=self.name) as pool:
             return list(pool.map(one, rollouts))
 

@@ -165,8 +165,8 @@ def test_recording_failure_stops_the_run(scripted, recorder, tmp_path):
     tried: list[str] = []
     with pytest.raises(RecorderFailure):
         run_rollouts(rec.url, tmp_path / "data", tmp_path, CALL_MODEL, n=6, tried=tried)
-    # One harness at a time, one more rollout in flight beside it (pipelined): the other four never start.
-    assert len(tried) <= 2, "rollouts started after the recorder failed"
+    # One harness at a time, two more rollouts in flight beside it (pipelined): the other three never start.
+    assert len(tried) <= 3, "rollouts started after the recorder failed"
     assert up.log == []
     assert read_table(tmp_path / "data", "outcomes").num_rows == 0
 
