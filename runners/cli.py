@@ -15,7 +15,8 @@ pass through unchanged), speaking the harness's own API. --policy URL instead
 answers the harness from a policy server (vLLM protocol, token in / token out)
 through `forge-record serve --policy` (serve mode, token ids recorded). A
 recorder (`forge-record serve`, a process of its own) is started on a free
-loopback port for the run, or given with --recorder-url (a `forge-record serve` the pods can reach, e.g. deploy/recorder.yaml).
+loopback port for the run, or given with --recorder-url (a `forge-record
+serve` the pods can reach, e.g. deploy/recorder.yaml).
 
 A Harbor task directory (task.toml, instruction.md, environment/,
 tests/test.sh), or a folder of them, runs the agent and then tests/test.sh

@@ -14,8 +14,10 @@ endpoint (`recorder/control.py`), and stops it afterwards.
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -33,6 +35,8 @@ STOP_TIMEOUT_S = 30
 READY_TIMEOUT_S = 120  # serve mode loads the tokenizer first
 USAGE_STATUS = 2  # what every forge-* verb exits with on bad input (`forgerl.cli.run_verb`)
 _PROG = re.compile(r"^forge-record( serve)?(: error)?: ")  # how it starts that line
+_LIBC = ctypes.CDLL(None)  # loaded here: a child between fork and exec must not load libraries
+_PR_SET_PDEATHSIG = 1
 
 
 def forge_record() -> str:
@@ -63,7 +67,8 @@ def recorder_process(out: Path, options: list[str], policy_version: str = "") ->
     cmd = [forge_record(), "serve", *options, "--listen", f"127.0.0.1:{port}", "--out", str(out)]
     if policy_version:
         cmd += ["--policy-version", policy_version]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ends_with_this_thread)
     log: deque[str] = deque(maxlen=20)
     drain = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)  # keep draining its log
     drain.start()
@@ -87,3 +92,9 @@ def recorder_process(out: Path, options: list[str], policy_version: str = "") ->
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _ends_with_this_thread() -> None:
+    """In the recorder's process before exec: SIGTERM once the thread that started it is gone, so a runner killed
+    outright (kill -9) does not leave its recorder listening; it still writes what it holds before it exits."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

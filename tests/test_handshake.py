@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -30,7 +32,7 @@ from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter, data_files, read_table
 
 from runner_fixtures import CALL_MODEL, PythonHarness, toml_task
-from test_recorder_durability import child_pids
+from test_recorder_durability import child_pids, wait_gone
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -219,3 +221,28 @@ def test_barrier_flushes_leave_open_calls_snapshots_to_the_clock(tmp_path):
     assert taken, "the flush clock never snapshotted the open call"
     writer.untrack("open-call")
     writer.close()
+
+
+def test_a_recorder_forge_run_started_goes_with_it(tmp_path):
+    """forge-run killed outright (kill -9) leaves no `forge-record serve` behind, and what it recorded is on disk."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from forgerl.runners.serve import upstream_recorder\n"
+        "with upstream_recorder(Path(sys.argv[1]), 'http://127.0.0.1:9') as url:\n"
+        "    print(url, flush=True)\n"
+        "    time.sleep(600)\n")
+    runner = subprocess.Popen([sys.executable, str(script), str(tmp_path / "data")], stdout=subprocess.PIPE, text=True)
+    try:
+        url = runner.stdout.readline().strip()
+        assert RecorderControl(url).ready()
+        [recorder] = child_pids(runner.pid)
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait()
+        assert wait_gone([recorder], timeout=30), "the recorder outlived the runner that started it"
+        assert not RecorderControl(url).ready()
+        assert (tmp_path / "data" / "forgerl.json").exists()
+        assert not list((tmp_path / "data" / "_writers").glob("*.lock")), "its writer did not close"
+    finally:
+        runner.kill()
