@@ -1,6 +1,6 @@
 """Local runner throughput and per-rollout overhead, against the bare harness CLI through the same recorder.
 
-    .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 3 trials of 48 rollouts each
+    .venv/bin/python bench/runner.py            # parallelism 1, 4, 16; 4 trials of 48 rollouts each
     .venv/bin/python bench/runner.py --quick    # parallelism 1, 4; one trial of 4 rollouts
     .venv/bin/python bench/runner.py --levels 1 --trials 5
 

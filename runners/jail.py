@@ -132,6 +132,12 @@ def dns_fails_fast(resolv_conf: str = "/etc/resolv.conf") -> None:
         threading.Thread(target=_answer_dns, args=(sock,), daemon=True).start()
 
 
+def die_with_parent(sig: int) -> None:
+    """Get `sig` once the thread that forked this process is gone (however it went: kill -9 included). Safe
+    between fork and exec: libc is loaded already."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
 def become_subreaper() -> None:
     """Orphaned descendants are re-parented to this process instead of init, so it can find them."""
     _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -287,7 +293,7 @@ def _fork_child(body: Callable[[], int], stderr: int) -> int:
         code = 127
         try:
             os.close(alive_w)
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            die_with_parent(signal.SIGKILL)
             if not select.select([alive_r], [], [], 0)[0]:  # else the parent died before the line above
                 os.close(alive_r)
                 code = body()

@@ -14,7 +14,6 @@ endpoint (`recorder/control.py`), and stops it afterwards.
 
 from __future__ import annotations
 
-import ctypes
 import re
 import shutil
 import signal
@@ -31,12 +30,12 @@ from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import free_port
 from forgerl.recorder.writer_process import RecorderFailure
 
+from .jail import die_with_parent
+
 STOP_TIMEOUT_S = 30
 READY_TIMEOUT_S = 120  # serve mode loads the tokenizer first
 USAGE_STATUS = 2  # what every forge-* verb exits with on bad input (`forgerl.cli.run_verb`)
 _PROG = re.compile(r"^forge-record( serve)?(: error)?: ")  # how it starts that line
-_LIBC = ctypes.CDLL(None)  # loaded here: a child between fork and exec must not load libraries
-_PR_SET_PDEATHSIG = 1
 
 
 def forge_record() -> str:
@@ -97,4 +96,4 @@ def recorder_process(out: Path, options: list[str], policy_version: str = "") ->
 def _ends_with_this_thread() -> None:
     """In the recorder's process before exec: SIGTERM once the thread that started it is gone, so a runner killed
     outright (kill -9) does not leave its recorder listening; it still writes what it holds before it exits."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    die_with_parent(signal.SIGTERM)
