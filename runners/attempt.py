@@ -105,7 +105,7 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
         """One run of the harness in a jail of its own: on the prompt, or with `reply` resuming its session; its
         final answer (None when it failed or ran out of time)."""
         start, left = time.monotonic(), max(agent_s - sum(r.seconds for r, _, _ in runs), 1.0)
-        jail_dir = rollout_dir / f"round-{len(runs)}" if runs else rollout_dir  # the harness's logs live here
+        jail_dir = rollout_dir / f"round-{len(runs)}" if runs else rollout_dir  # its services' state goes here
         jail_dir.mkdir(exist_ok=True)
         with Sandbox(jail_dir, config.recorder_url, isolate) as sandbox:
             ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, config.model, dict(config.keys),

@@ -9,11 +9,12 @@ The server is single-threaded (so forking it is safe) and never runs task
 code itself; it exits when the runner does (its stdin closes).
 
 There are two servers, each warm with only what its children need
-(`WARM`): jails fork from one that imports the jail alone (~22 MB), grades
-from one that also imports the grading code and with it pyarrow (~90 MB).
-A fork copies its parent's page tables and each page the child then writes,
-and a rollout's jail is two processes (more with services): forked from the
-90 MB server they cost about twice the CPU.
+(`WARM`): jails and grades fork from one that imports the jail and the
+grade() runner alone (~22 MB), calls (a benchmark's own grader, which reads
+the recorded calls) from one that also imports the grading code and with it
+pyarrow (~90 MB). A fork copies its parent's page tables and each page the
+child then writes: a rollout's jail (two processes, more with services) or
+grade forked from the 90 MB server costs about twice the CPU.
 multiprocessing's own forkserver does not fit: it re-imports the caller's
 `__main__` in every child.
 
@@ -51,8 +52,8 @@ from collections.abc import Sequence
 
 _LOCK = threading.Lock()
 _SERVERS: dict[str, tuple[subprocess.Popen, str]] = {}  # server kind -> (its process, its socket)
-WARM = {"jail": ("jail",), "grade": ("grading", "jail")}  # what each kind imports before it forks
-SERVER_OF = {"jail": "jail", "grade": "grade", "call": "grade"}  # the server each job forks from
+WARM = {"jail": ("jail", "grade_code"), "call": ("grading", "jail")}  # what each kind imports before it forks
+SERVER_OF = {"jail": "jail", "grade": "jail", "call": "call"}  # the server each job forks from
 
 
 GO = b"G"
@@ -161,7 +162,7 @@ def _quietly_in(cwd: str) -> None:
 
 def _grade(request: dict, fds: list[int], conn: socket.socket) -> dict:
     """Grade in the workspace, its prints discarded."""
-    from .grading import run_grade
+    from .grade_code import run_grade
 
     try:
         _quietly_in(request["workspace"])

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from forgerl.schema.messages import Message
 
 from .forkserver import ForkError, fork_grade
+from .grade_code import GradingError
 from .transcript import openclaw_events, recorded_turns, rollout_messages
 from .verifier import Verdict
 
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
 
 GRADER_TIMEOUT_S = 120
 NOT_GRADED = "not graded"
-
-
-class GradingError(RuntimeError):
-    """grade() raised, hung, or returned something that is not {name: number}."""
 
 
 @dataclass(frozen=True)
@@ -79,24 +76,6 @@ class GradeInput:
         """The model's answer in each recorded call, in order (the whole trajectory, also for harnesses whose last
         call's input does not repeat the earlier steps)."""
         return recorded_turns(self.dataset, self.session)
-
-
-def run_grade(code: str, transcript: list, workspace: str) -> dict[str, float]:
-    """Execute grader source and call its grade(); in-process (the child of `grade_workspace`)."""
-    namespace: dict = {"__name__": "forgerl_task_grader"}
-    exec(compile(code, "<grade>", "exec"), namespace)  # noqa: S102 - the task's own grader, in a child process
-    grade = namespace.get("grade")
-    if not callable(grade):
-        raise GradingError("the automated checks define no grade() function")
-    scores = grade(transcript, workspace)
-    if not isinstance(scores, dict):
-        raise GradingError(f"grade() returned {type(scores).__name__}, expected a dict")
-    out: dict[str, float] = {}
-    for name, value in scores.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise GradingError(f"grade() score {name!r} is {value!r}, not a number")
-        out[str(name)] = float(value)
-    return out
 
 
 def grade_workspace(task: Task, transcript: list, workspace: Path, timeout: float = GRADER_TIMEOUT_S) -> dict[str, float]:

@@ -88,12 +88,13 @@ class Result:
 class Sandbox:
     """One rollout's confinement; `base_url` is the recorder as the harness must address it."""
 
-    tmp: Path  # the rollout's temp dir: the harness's logs live here
+    tmp: Path  # the rollout's temp dir (the services' state file goes here)
     recorder_url: str
     isolate_network: bool = True
     enforced: list[str] = field(default_factory=list)
     _cgroup: Path | None = None
     _job: Forked | None = None
+    _output: _Output | None = None
 
     def __post_init__(self) -> None:
         self.netns = self.isolate_network and can_unshare()
@@ -155,8 +156,8 @@ class Sandbox:
             self.enforced.append(f"mount namespace: {', '.join(t for t, _ in layout.binds)} of the rollout's own"
                                  + ("; verifier after the agent, in a fresh /logs/verifier" if layout.verifier else ""))
         wait_s = CONFINE_TIMEOUT_S + self._services(spec, services, harness_timeout_s)
-        with open(self.tmp / "stdout.log", "wb") as out, open(self.tmp / "stderr.log", "wb") as err:
-            self._job = Forked({"job": "jail", **asdict(spec)}, [out.fileno(), err.fileno()])
+        self._output = _Output()
+        self._job = Forked({"job": "jail", **asdict(spec)}, self._output.fds)
         try:
             if self._job.answer(wait_s) != {"ready": True}:
                 raise OSError(self.service_state().get("error") or f"the jail was not ready after {wait_s:.0f} s")
@@ -198,14 +199,15 @@ class Sandbox:
             raise OSError(f"the jail died without a status: {e}") from None
         finally:
             self._end_job(answer)
+        stdout, stderr = self._output.read()
         return Result(returncode=None if answer is None else answer["returncode"], timed_out=answer is None,
-                      stdout=(self.tmp / "stdout.log").read_text(errors="replace"),
-                      stderr=(self.tmp / "stderr.log").read_text(errors="replace"),
-                      seconds=time.monotonic() - start)
+                      stdout=stdout, stderr=stderr, seconds=time.monotonic() - start)
 
     def release(self) -> None:
         """Kill the jail's process group if it is still there, then drop the cgroup (once)."""
         self._end_job(None)
+        if self._output is not None:
+            self._output.close()
         cgroup, self._cgroup = self._cgroup, None
         if cgroup is not None:
             _sweep_cgroup(cgroup)
@@ -223,6 +225,23 @@ class Sandbox:
                 pass
             _killpg(job.pid, signal.SIGKILL)
         job.close()
+
+
+class _Output:
+    """The harness's stdout and stderr, in memory files (no file on disk to create and delete per rollout: on
+    some filesystems that costs a millisecond of CPU each)."""
+
+    def __init__(self) -> None:
+        self.fds = [os.memfd_create("forgerl-stdout", os.MFD_CLOEXEC), os.memfd_create("forgerl-stderr", os.MFD_CLOEXEC)]
+
+    def read(self) -> tuple[str, str]:
+        out, err = (os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace") for fd in self.fds)
+        return out, err
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            os.close(fd)
 
 
 def _killpg(pgid: int, sig: int) -> None:
