@@ -30,8 +30,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,7 +40,6 @@ WALL_CLOCK_GRACE_S = 60.0  # beyond the agent's time, for PID 1 to stop it, read
 LOG_TAIL = 1500
 # What a service inherits from the runner's environment; its own `env` comes on top.
 SERVICE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ServiceError(OSError):
@@ -76,10 +73,14 @@ class Service:
 
 
 def _request(method: str, url: str, timeout: float) -> tuple[int, bytes]:
+    import urllib.error  # here, not above: every rollout's jail imports this module (forked from a warm
+    import urllib.request  # server), and urllib with ssl was a third of that server's memory, copied per fork
+
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through HTTP_PROXY
     req = urllib.request.Request(url, method=method, headers={"X-Health-Check": "1"},
                                  data=b"" if method == "POST" else None)
     try:
-        with _NO_PROXY.open(req, timeout=timeout) as resp:
+        with no_proxy.open(req, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
