@@ -85,7 +85,7 @@ def main() -> int:
             rows = lambda s: sessions.session_rows(root, "calls", s, COLUMNS)  # noqa: E731
             rows(picks[-1])  # the agent loop's process has seen every file (and pyarrow's readers are warm)
             warm = median_ms(rows, picks)
-            cold = median_ms(rows, picks, before=sessions._INDEX.clear)
+            cold = median_ms(rows, picks, before=sessions.forget)
             whole = median_ms(lambda s: whole_table(root, s), picks[:3])
             files = len(list((root / "calls").glob("*.parquet")))
             print(f"{size:>8} {files:>6} {warm:>21.1f} {cold:>21.1f} {whole:>15.1f}")

@@ -20,6 +20,7 @@ Arrow's thread pool per call) costs 2-4 times the CPU on those.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -31,42 +32,91 @@ import pyarrow.parquet as pq
 
 from .records import MessageMemo
 from .segments import SessionThreads
-from .store import data_files, read_files, schema_version
+from .store import data_file_names, read_files, schema_version
 from .tables import SCHEMA_VERSION, TABLES
 
 _Info = tuple[int, Counter]  # (schema version, rows per session)
-_INDEX: dict[str, _Info] = {}
 _LOCK = threading.Lock()
 
 
-def _info(path: str) -> _Info:
-    info = _INDEX.get(path)
-    if info is None:
-        parquet = pq.ParquetFile(path)  # one footer read gives the version and the sessions
-        sessions = parquet.read(["session_id"], use_threads=False).column("session_id").to_pylist()
-        info = (schema_version(parquet.schema_arrow), Counter(sessions))
+class _Folder:
+    """One table folder's files, each learnt once, and which of them hold each session.
+
+    A listing's new names are learnt and its gone ones (a compaction's
+    sources) forgotten, so finding a session's files costs two set
+    operations on the listing and a sort of its own files: not a lookup per
+    file, which with thousands of small files (a file per table every flush)
+    cost milliseconds per read, and a runner reads three times a rollout.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.files: dict[str, _Info] = {}  # by name
+        self.holders: dict[str, set[str]] = {}  # session -> the names of the files holding it
+
+    def update(self, current: set[str]) -> set[str]:
+        """Learn the names listed that are new, forget the ones gone; FileNotFoundError: one vanished meanwhile."""
         with _LOCK:
-            _INDEX[path] = info
-    return info
+            new, gone = current - self.files.keys(), self.files.keys() - current
+            for path in gone:
+                self._drop(path)
+        for name in new:  # read outside the lock: other threads' sessions need not wait for these footers
+            info = _learn(f"{self.path}{os.sep}{name}")
+            with _LOCK:
+                if name not in self.files:
+                    self.files[name] = info
+                    for session in info[1]:
+                        self.holders.setdefault(session, set()).add(name)
+        return current
+
+    def _drop(self, name: str) -> None:
+        for session in self.files.pop(name)[1]:
+            holding = self.holders[session]
+            holding.discard(name)
+            if not holding:
+                del self.holders[session]
+
+    def holding(self, session: str, current: set[str]) -> list[tuple[str, int]]:
+        """(file, rows of `session` in it) for the listed files holding it, in name order (as `data_files`)."""
+        with _LOCK:
+            found = [(name, self.files[name][1][session]) for name in self.holders.get(session, ()) if name in current]
+        return [(f"{self.path}{os.sep}{name}", rows) for name, rows in sorted(found)]
+
+    def version(self, path: str) -> int | None:
+        info = self.files.get(os.path.basename(path))
+        return info[0] if info else None
 
 
-def _forget_missing(files: list[str]) -> None:
-    """Drop files a compaction replaced, so the index stays the size of the dataset."""
-    current = set(files)
+_FOLDERS: dict[str, _Folder] = {}  # table folder -> what is known of it
+
+
+def _learn(path: str) -> _Info:
+    parquet = pq.ParquetFile(path)  # one footer read gives the version and the sessions
+    sessions = parquet.read(["session_id"], use_threads=False).column("session_id").to_pylist()
+    return schema_version(parquet.schema_arrow), Counter(sessions)
+
+
+def _folder(path: str) -> _Folder:
     with _LOCK:
-        for path in [p for p in _INDEX if p not in current]:
-            del _INDEX[path]
+        folder = _FOLDERS.get(path)
+        if folder is None:
+            folder = _FOLDERS[path] = _Folder(path)
+        return folder
+
+
+def forget() -> None:
+    """Learn every file again on the next read (what a fresh process would do)."""
+    with _LOCK:
+        _FOLDERS.clear()
 
 
 def session_files(root: str | Path, table: str, session: str) -> list[tuple[str, int]]:
-    """(file, rows of the session in it) for every file of `table` holding `session`."""
+    """(file, rows of the session in it) for every file of `table` holding `session`, in listing order."""
     for _ in range(5):
         try:
-            files = data_files(root, table)
-            found = [(f, _info(f)[1][session]) for f in files]
-            if len(_INDEX) > 2 * len(files):
-                _forget_missing(files)
-            return [(f, n) for f, n in found if n]
+            path, names = data_file_names(root, table)
+            folder = _folder(path)
+            return folder.holding(session, folder.update(names))
         except FileNotFoundError:  # a compaction swapped files between listing and reading
             time.sleep(0.05)
     raise FileNotFoundError(f"{root}/{table}: files keep vanishing while reading")
@@ -81,7 +131,8 @@ def session_rows(root: str | Path, table: str, session: str, columns: list[str])
     files = [f for f, _ in session_files(root, table, session)]
     if not files:
         return TABLES[table].empty_table().select(columns)
-    if any(_INDEX[f][0] != SCHEMA_VERSION for f in files if f in _INDEX):
+    folder = _folder(os.path.dirname(files[0]))
+    if any(folder.version(f) not in (None, SCHEMA_VERSION) for f in files):
         rows = read_files(table, map(Path, files))
         return rows.filter(pc.equal(rows.column("session_id"), session)).select(columns)
     return pa.concat_tables([_file_rows(f, session, columns) for f in files])

@@ -132,6 +132,36 @@ def test_compaction_is_atomic_for_readers(tmp_path):
     assert len(keys) == len(set(keys))
 
 
+def test_the_session_index_follows_new_files_and_a_compaction(tmp_path):
+    """A reader's index learns each new file once and forgets a compaction's sources, per table."""
+    from forgerl.schema import sessions
+
+    def counts():
+        return {s: sessions.session_count(tmp_path, "calls", s) for s in ("a", "b", "c")}
+
+    def holding(session):
+        return [f for f, _ in sessions.session_files(tmp_path, "calls", session)]
+
+    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+        record_session(w, "a", 2)
+        w.flush()
+        record_session(w, "b", 2)
+        w.add_call(make_call("a", 2, []))  # a's third call in a second file
+        w.flush()
+        assert counts() == {"a": 3, "b": 2, "c": 0}
+        assert holding("a") == store.data_files(tmp_path, "calls") and len(holding("a")) == 2
+        assert sessions.session_count(tmp_path, "messages", "b") > 0  # another table, its own index
+        store.compact(tmp_path)
+        assert counts() == {"a": 3, "b": 2, "c": 0} and holding("a") == store.data_files(tmp_path, "calls")
+        record_session(w, "c", 3)
+        w.flush()
+    assert counts() == {"a": 3, "b": 2, "c": 3} and holding("c") == store.data_files(tmp_path, "calls")[1:]
+    calls = sessions.session_rows(tmp_path, "calls", "a", ["call_id"]).column("call_id").to_pylist()
+    assert sorted(calls) == ["a-0", "a-1", "a-2"]
+    sessions.forget()
+    assert counts() == {"a": 3, "b": 2, "c": 3}
+
+
 def test_glob_readers_after_compaction(tmp_path):
     with store.DatasetWriter(tmp_path) as w:
         record_session(w, "a", 3)
