@@ -35,7 +35,7 @@ from forgerl.recorder.writer_process import RecorderFailure
 from forgerl.schema.store import MANIFEST, DatasetWriter
 
 from .grading import GradeInput, GradingError
-from forgerl.schema.sessions import session_count
+from forgerl.schema.sessions import prefer_system_allocator, session_count
 from .tasks import Task
 from .verifier import Layout, Verdict
 
@@ -194,6 +194,7 @@ class BatchRunner:
         A `RecorderFailure` stops the run: rollouts not started yet never start, and it is raised.
         """
         self.before_batch()
+        prefer_system_allocator()  # the rollouts' reads run on many threads
         width = max(1, self.parallel)
         self.harness_slot = threading.BoundedSemaphore(width)
         stopped = threading.Event()

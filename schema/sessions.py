@@ -110,6 +110,19 @@ def forget() -> None:
         _FOLDERS.clear()
 
 
+def prefer_system_allocator() -> None:
+    """Allocate this process's Arrow buffers with the C library's malloc from now on.
+
+    A runner reads a few small files per rollout, on up to three threads per
+    harness slot. Arrow's default allocator, mimalloc, keeps a heap per
+    thread and hands freed memory back to the system, so each read touches
+    fresh memory, which the kernel gives out as zeroed 2 MB huge pages: with
+    16 harnesses at once that zeroing was a quarter of the runner's own CPU,
+    10-15 ms a rollout (`bench/runner.py`).
+    """
+    pa.set_memory_pool(pa.system_memory_pool())
+
+
 def session_files(root: str | Path, table: str, session: str) -> list[tuple[str, int]]:
     """(file, rows of the session in it) for every file of `table` holding `session`, in listing order."""
     for _ in range(5):

@@ -12,6 +12,7 @@ import json
 import socket
 import uuid
 
+import pyarrow as pa
 import pytest
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
@@ -68,6 +69,7 @@ def test_success_is_graded_and_written(stack):
     root = stack[0]
     rows = [r for r in read_table(root / "data", "outcomes").to_pylist() if r["task_id"] == task.id]
     assert [(r["status"], r["reward"], r["session_id"]) for r in rows] == [("success", 1.0, outcome.session)]
+    assert pa.default_memory_pool().backend_name == "system"  # not mimalloc's heap per runner thread
 
 
 def test_workspace_holds_the_task_files_and_nothing_is_shared(stack):
