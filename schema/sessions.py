@@ -58,8 +58,8 @@ class _Folder:
         """Learn the names listed that are new, forget the ones gone; FileNotFoundError: one vanished meanwhile."""
         with _LOCK:
             new, gone = current - self.files.keys(), self.files.keys() - current
-            for path in gone:
-                self._drop(path)
+            for name in gone:
+                self._drop(name)
         for name in new:  # read outside the lock: other threads' sessions need not wait for these footers
             info = _learn(f"{self.path}{os.sep}{name}")
             with _LOCK:
@@ -76,15 +76,13 @@ class _Folder:
             if not holding:
                 del self.holders[session]
 
-    def holding(self, session: str, current: set[str]) -> list[tuple[str, int]]:
-        """(file, rows of `session` in it) for the listed files holding it, in name order (as `data_files`)."""
+    def holding(self, session: str, current: set[str]) -> list[tuple[str, int, int]]:
+        """(file, rows of `session` in it, its schema version) for the listed files holding it, in name order (as
+        `data_files`)."""
         with _LOCK:
-            found = [(name, self.files[name][1][session]) for name in self.holders.get(session, ()) if name in current]
-        return [(f"{self.path}{os.sep}{name}", rows) for name, rows in sorted(found)]
-
-    def version(self, path: str) -> int | None:
-        info = self.files.get(os.path.basename(path))
-        return info[0] if info else None
+            found = sorted((name, self.files[name][1][session], self.files[name][0])
+                           for name in self.holders.get(session, ()) if name in current)
+        return [(f"{self.path}{os.sep}{name}", rows, version) for name, rows, version in found]
 
 
 _FOLDERS: dict[str, _Folder] = {}  # table folder -> what is known of it
@@ -125,6 +123,11 @@ def prefer_system_allocator() -> None:
 
 def session_files(root: str | Path, table: str, session: str) -> list[tuple[str, int]]:
     """(file, rows of the session in it) for every file of `table` holding `session`, in listing order."""
+    return [(path, rows) for path, rows, _ in _held(root, table, session)]
+
+
+def _held(root: str | Path, table: str, session: str) -> list[tuple[str, int, int]]:
+    """(file, rows of the session in it, its schema version) for every file of `table` holding `session`."""
     for _ in range(5):
         try:
             path, names = data_file_names(root, table)
@@ -141,11 +144,11 @@ def session_count(root: str | Path, table: str, session: str) -> int:
 
 def session_rows(root: str | Path, table: str, session: str, columns: list[str]) -> pa.Table:
     """The session's rows of `table`, only `columns`, from only the files (and row groups) that hold it."""
-    files = [f for f, _ in session_files(root, table, session)]
+    held = _held(root, table, session)
+    files = [path for path, _, _ in held]
     if not files:
         return TABLES[table].empty_table().select(columns)
-    folder = _folder(os.path.dirname(files[0]))
-    if any(folder.version(f) not in (None, SCHEMA_VERSION) for f in files):
+    if any(version != SCHEMA_VERSION for _, _, version in held):
         rows = read_files(table, map(Path, files))
         return rows.filter(pc.equal(rows.column("session_id"), session)).select(columns)
     return pa.concat_tables([_file_rows(f, session, columns) for f in files])
