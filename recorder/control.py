@@ -3,7 +3,8 @@
     GET  /_forge/ready                 200 {"ready": true} while calls are recorded;
                                        503 {"error": why} once they cannot be
     POST /_forge/sessions/<id>/flush   200 {"session": id, "calls": n} once every call of <id> the
-                                       recorder has seen is on disk (files fsynced), the calls of <id>
+                                       recorder has seen is on disk (files fsynced by the writer's next
+                                       flush, at most half a second on), the calls of <id>
                                        still in flight waited for first; 503 after a recording failure,
                                        504 if calls of <id> stay open
 

@@ -350,13 +350,13 @@ class DatasetWriter:
             except Exception as e:  # keep flushing: a full disk may clear
                 print(f"forgerl: flush failed: {e}", flush=True)
 
-    def flush(self, snapshot: bool = True) -> None:
-        """Write the rows held as new files; with `snapshot`, rewrite the snapshot of unfinished calls too."""
+    def flush(self) -> None:
+        """Write the rows held as new files, and rewrite the snapshot of unfinished calls."""
         with self._flush_mutex:
             with self._mutex:
                 rows = {name: batch for name, batch in self._rows.items() if batch}
                 self._rows = {name: [] for name in TABLES}
-                snapshots = list(self._inflight.values()) if snapshot else None
+                snapshots = list(self._inflight.values())
             # Parts and blobs land before the calls that reference them.
             for name in ("sessions", "blobs", "messages", "calls", "outcomes"):
                 if name in rows:
@@ -364,8 +364,7 @@ class DatasetWriter:
                     table = pa.Table.from_pylist(rows[name], schema=TABLES[name])
                     atomic_write_table(self.root / name / f"{self.writer_id}-{self._file_seq:08d}.parquet",
                                        table, name)
-            if snapshots is not None:
-                self._write_inflight(snapshots)
+            self._write_inflight(snapshots)
 
     def _write_inflight(self, snapshots: list[Callable[[bool], CallRecord]]) -> None:
         path = self.root / "_inflight" / f"{self.writer_id}.parquet"
