@@ -1,14 +1,17 @@
 """A byte-for-byte socket forwarder: how a harness in its own network namespace reaches the recorder.
 
 A network namespace with nothing but loopback has no route anywhere, but a
-socket belongs to the namespace it was made in, wherever it is used, and
-file descriptors cross namespaces. So the jail's first process, which stays
-in the machine's namespace, hands out fresh TCP sockets (`hand_out_socket`)
-over a Unix socket pair; inside the rollout's namespace PID 1 listens on
-127.0.0.1:PORT and connects each harness connection through one of them to
-the recorder (`forward` with `connector_through`). One hop: the harness's
-bytes are copied once, by PID 1, on their way to the recorder. The harness's
-base URL is `http://127.0.0.1:PORT`; nothing else is reachable.
+socket belongs to the namespace it was made in, wherever it is used. So PID
+1 of the rollout's namespaces keeps the machine's network namespace open
+(an fd of /proc/self/ns/net taken before it unshared its own), listens on
+127.0.0.1:PORT inside, and connects each harness connection to the recorder
+on a socket made outside: the connecting thread steps into the machine's
+namespace for the `socket()` call alone (`setns` moves only the calling
+thread) and back (`forward` with `connector_from`). One process and one hop:
+the harness's bytes are copied once, by PID 1, on their way to the recorder.
+The harness's base URL is `http://127.0.0.1:PORT`; nothing else is
+reachable. (That fd gives a harness running as root nothing it lacked: the
+jail's /proc is the machine's, and with it every process's namespaces.)
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import socket
 import threading
 from collections.abc import Callable
 
+from .namespaces import CLONE_NEWNET, setns
+
 _CHUNK = 1 << 16
-_ASK = b"S"
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -65,35 +69,16 @@ def forward(listener: socket.socket, connect: Callable[[], socket.socket]) -> th
     return thread
 
 
-def socket_source() -> tuple[socket.socket, socket.socket]:
-    """The pair a socket is asked for and handed over on: (the giver's end, the asker's end)."""
-    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-
-
-def hand_out_socket(source: socket.socket) -> bool:
-    """Answer one ask on `source` with a fresh TCP socket of this process's network namespace; False once the
-    asker has hung up."""
-    try:
-        if source.recv(1) != _ASK:
-            return False
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as fresh:
-            socket.send_fds(source, [_ASK], [fresh.fileno()])
-    except OSError:  # it hung up between its ask and the answer
-        return False
-    return True
-
-
-def connector_through(source: socket.socket, host: str, port: int) -> Callable[[], socket.socket]:
-    """Connections to host:port on sockets asked of the giver at `source`'s other end (its namespace's)."""
-    lock = threading.Lock()
+def connector_from(outside: int, inside: int, host: str, port: int) -> Callable[[], socket.socket]:
+    """Connections to host:port on sockets made in the network namespace `outside` (an open /proc/.../ns/net),
+    by a thread that is in `inside` before and after."""
 
     def connect() -> socket.socket:
-        with lock:  # one ask, one answer: the pair is shared by every connection's thread
-            source.send(_ASK)
-            _, fds, _, _ = socket.recv_fds(source, 1, 1)
-        if not fds:
-            raise ConnectionError("the jail handed out no socket (it is gone)")
-        sock = socket.socket(fileno=fds[0])
+        setns(outside, CLONE_NEWNET)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            setns(inside, CLONE_NEWNET)
         try:
             sock.connect((host, port))
         except OSError:

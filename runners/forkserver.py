@@ -10,17 +10,21 @@ code itself; it exits when the runner does (its stdin closes).
 
 There are two servers, each warm with only what its children need
 (`WARM`): jails and grades fork from one that imports the jail and the
-grade() runner alone (~22 MB), calls (a benchmark's own grader, which reads
+grade() runner alone (~16 MB), calls (a benchmark's own grader, which reads
 the recorded calls) from one that also imports the grading code and with it
 pyarrow (~90 MB). A fork copies its parent's page tables and each page the
-child then writes: a rollout's jail (two processes, more with services) or
+child then writes: a rollout's jail (one process, more with services) or
 grade forked from the 90 MB server costs about twice the CPU.
 multiprocessing's own forkserver does not fit: it re-imports the caller's
 `__main__` in every child.
 
 Per job the client sends one byte carrying the file descriptors the job
-needs (SCM_RIGHTS), then a JSON request (4-byte length first). The child
-answers `{"pid": N}` at once (it leads a session of its own, so N is also the
+needs (SCM_RIGHTS), then a JSON request (4-byte length first). The byte is
+`N` for a child that must be PID 1 of a PID namespace of its own (a jail
+with a bridge): the server unshares one for its next child, forks, and goes
+back to its own, so the jail needs no first process of its own to fork PID
+1 from. Otherwise it is `J`. The child answers `{"pid": N}` at once (its pid
+in the server's namespace; it leads a session of its own, so N is also the
 process group to kill), then the job's answer, a line each:
 
 - `{"job": "jail", ...JailSpec}` with the harness's stdout and stderr:
@@ -50,6 +54,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from .namespaces import CLONE_NEWPID, open_namespace, setns, unshare
+
 _LOCK = threading.Lock()
 _SERVERS: dict[str, tuple[subprocess.Popen, str]] = {}  # server kind -> (its process, its socket)
 WARM = {"jail": ("jail", "grade_code"), "call": ("grading", "jail")}  # what each kind imports before it forks
@@ -57,6 +63,7 @@ SERVER_OF = {"jail": "jail", "grade": "jail", "call": "call"}  # the server each
 
 
 GO = b"G"
+JOB, PID_ONE = b"J", b"N"  # a request's first byte: a child as it comes, or PID 1 of a PID namespace of its own
 
 
 class ForkError(RuntimeError):
@@ -84,13 +91,13 @@ def _socket_path(kind: str) -> str:
 class Forked:
     """One job in a child of the server: its pid (and process group) now, its answer when it ends."""
 
-    def __init__(self, request: dict, fds: Sequence[int] = ()):
+    def __init__(self, request: dict, fds: Sequence[int] = (), pid_one: bool = False):
         self._conn = socket.socket(socket.AF_UNIX)
         self._buffer = b""
         try:
             self._conn.connect(_socket_path(SERVER_OF[request["job"]]))
             payload = json.dumps(request).encode()
-            socket.send_fds(self._conn, [b"J"], list(fds))
+            socket.send_fds(self._conn, [PID_ONE if pid_one else JOB], list(fds))
             self._conn.sendall(struct.pack(">I", len(payload)) + payload)
             self.pid: int = json.loads(self._line(None))["pid"]
         except BaseException:
@@ -198,13 +205,13 @@ def _jail(request: dict, fds: list[int], conn: socket.socket) -> dict:
 JOBS = {"grade": _grade, "call": _call, "jail": _jail}
 
 
-def _child(conn: socket.socket) -> None:
+def _child(conn: socket.socket, fds: list[int]) -> None:
     """In the forked child: lead a session of its own, read the job, announce the pid, do it, answer."""
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # jobs wait for processes of their own
-    _, fds, _, _ = socket.recv_fds(conn, 1, 2)
     request = json.loads(_exactly(conn, struct.unpack(">I", _exactly(conn, 4))[0]))
-    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    pid = int(os.readlink("/proc/self"))  # as the server's namespace (/proc's) numbers it, also for a PID 1
+    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     answer = JOBS[request.pop("job")](request, fds, conn)
     conn.sendall(json.dumps(answer).encode() + b"\n")
 
@@ -226,6 +233,7 @@ def serve(path: str, kind: str) -> int:
         importlib.import_module(f"{__package__}.{module}")
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    own_pids = open_namespace("pid")
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
     listener.listen(256)
@@ -239,16 +247,42 @@ def serve(path: str, kind: str) -> int:
                 if key.fileobj is sys.stdin:
                     return 0
                 conn, _ = listener.accept()
-                if os.fork() == 0:  # the child never returns into this loop
-                    try:
-                        listener.close()
-                        _child(conn)
-                    finally:
-                        os._exit(0)
-                conn.close()
+                with conn:
+                    _fork_for(conn, listener, own_pids)
     finally:
         os.unlink(path)
         os.rmdir(os.path.dirname(path))
+
+
+def _fork_for(conn: socket.socket, listener: socket.socket, own_pids: int) -> None:
+    """Read a job's first byte and file descriptors, and fork its child (into a PID namespace of its own, as PID
+    1, if the byte asks for one); the child never returns here."""
+    conn.settimeout(5)  # a client sends its first byte at once
+    try:
+        tag, fds, _, _ = socket.recv_fds(conn, 1, 2)
+    except OSError:
+        return
+    conn.settimeout(None)
+    fresh = False
+    if tag == PID_ONE:
+        try:
+            unshare(CLONE_NEWPID)
+            fresh = True
+        except OSError:
+            pass  # the child is no PID 1, and its jail says so
+    try:
+        if os.fork() == 0:
+            try:
+                listener.close()
+                os.close(own_pids)
+                _child(conn, fds)
+            finally:
+                os._exit(0)
+    finally:
+        if fresh:
+            setns(own_pids, CLONE_NEWPID)
+        for fd in fds:
+            os.close(fd)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,14 @@
 60 ms of CPU beside the harnesses, on a small machine throughput lost). It is
 the leader of a session of its own, which the runner kills on timeout.
 
-With a bridge it unshares a PID namespace and forks the jail proper, PID 1
-of it, which unshares a network namespace of its own (together as `unshare
---net --pid --fork --kill-child` would): there, with only loopback, it
-answers DNS with "no such name" (see `dns_fails_fast`) and forwards
-127.0.0.1:PORT to the recorder on TCP sockets the first process, still in
-the machine's network namespace, hands it (`bridge.py`). Two processes and
-one copy of each byte (it was three processes, and a second hop through a
-Unix socket). When PID 1 exits (or its parent dies) the kernel kills every
+With a bridge it is PID 1 of a PID namespace of its own already (the fork
+server unshared one for its next child, `forkserver.Forked`), and unshares a
+network namespace (together as `unshare --net --pid --fork --kill-child`
+would): there, with only loopback, it answers DNS with "no such name" (see
+`dns_fails_fast`) and forwards 127.0.0.1:PORT to the recorder on TCP
+sockets made in the machine's network namespace (`bridge.py`). One process
+and one copy of each byte (it was two processes, the first handing sockets
+over from outside). When PID 1 exits (or is killed) the kernel kills every
 process left in the namespace, so a harness's children cannot outlive the
 rollout. Without a bridge it is a child subreaper instead: whatever the
 harness left running (daemonised children included) is re-parented to it
@@ -21,7 +21,6 @@ and killed. The status is the harness's (128 + signal when killed by one).
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import resource
@@ -35,16 +34,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .bridge import connector_through, forward, hand_out_socket, socket_source
+from .bridge import connector_from, forward
 from .mountns import enter_root
+from .namespaces import CLONE_NEWNET, CLONE_NEWPID, LIBC, open_namespace, unshare
 from .services import ServiceStage
 from .verifier import VerifierStage, run_stage, snapshot
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _SIOCSIFADDR, _SIOCSIFNETMASK = 0x8916, 0x891C
 _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 36, 1
-_CLONE_NEWNET, _CLONE_NEWPID = 0x40000000, 0x20000000
-_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -135,18 +133,14 @@ def dns_fails_fast(resolv_conf: str = "/etc/resolv.conf") -> None:
 def die_with_parent(sig: int) -> None:
     """Get `sig` once the thread that forked this process is gone (however it went: kill -9 included). Safe
     between fork and exec: libc is loaded already."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    LIBC.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def become_subreaper() -> None:
     """Orphaned descendants are re-parented to this process instead of init, so it can find them."""
-    _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _unshare(flags: int) -> None:
-    if _LIBC.unshare(flags) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare: {os.strerror(err)}")
 def kill_descendants() -> None:
     """Kill and reap every process left under this one (children that daemonised included)."""
     me = os.getpid()
@@ -196,25 +190,21 @@ def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket
         code = _run(spec, stdout, stderr, runner)
         kill_descendants()
         return code
-    giver, asker = socket_source()  # this process stays in the machine's network namespace: it makes the sockets
-    _unshare(_CLONE_NEWPID)  # for its children: the next one is PID 1 (so no thread may start here from now on)
-    pid = _fork_child(lambda: _pid_one(spec, stdout, stderr, runner, ready, asker), stderr)
-    asker.close()
-    try:
-        return _wait_child(pid, runner, giver)
-    finally:
-        giver.close()
+    if os.getpid() != 1:
+        raise OSError("a jail with a bridge must be PID 1 of a PID namespace of its own (the fork server's job)")
+    return _pid_one(spec, stdout, stderr, runner, ready)
 
 
-def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool],
-             sockets: socket.socket) -> int:
+def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, ready: Callable[[], bool]) -> int:
     """PID 1 of the new PID namespace, in a network namespace of its own: loopback, DNS that fails fast, the
-    bridge to the recorder (on `sockets` handed out by the jail's first process), the harness."""
-    _unshare(_CLONE_NEWNET)
+    bridge to the recorder (on sockets made in the machine's network namespace, kept open here), the harness."""
+    outside = open_namespace("net")
+    unshare(CLONE_NEWNET)
     loopback_up()
     dns_fails_fast()
     listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
-    forward(listener, connector_through(sockets, spec.recorder_host, spec.recorder_port))
+    connect = connector_from(outside, open_namespace("net"), spec.recorder_host, spec.recorder_port)
+    forward(listener, connect)
     return _with_services(spec, lambda go: _confined_run(spec, stdout, stderr, runner, go), ready, stderr, runner)
 
 
@@ -242,7 +232,7 @@ def _with_services(spec: JailSpec, body: Callable[[Callable[[], bool]], int], re
         return answer
 
     try:
-        pid = _fork_child(lambda: _in_namespaces_of(_CLONE_NEWPID, lambda: body(go), stderr, runner), stderr)
+        pid = _fork_child(lambda: _in_namespaces_of(CLONE_NEWPID, lambda: body(go), stderr, runner), stderr)
         os.close(went_w)
         went_w = -1
         return _wait_child(pid, runner)
@@ -256,7 +246,7 @@ def _with_services(spec: JailSpec, body: Callable[[Callable[[], bool]], int], re
 
 def _in_namespaces_of(flags: int, body: Callable[[], int], stderr: int, runner: socket.socket) -> int:
     """In a child: unshare the namespaces `flags` names, and run `body` as the first process in them."""
-    _unshare(flags)
+    unshare(flags)
     pid = _fork_child(body, stderr)
     return _wait_child(pid, runner)
 
@@ -305,19 +295,17 @@ def _fork_child(body: Callable[[], int], stderr: int) -> int:
     return pid
 
 
-def _wait_child(pid: int, runner: socket.socket, sockets: socket.socket | None = None) -> int:
-    """The child's status; killed at once on SIGTERM, or if the runner hangs up first. Meanwhile each socket the
-    child asks for on `sockets` is handed out (`bridge.hand_out_socket`)."""
+def _wait_child(pid: int, runner: socket.socket) -> int:
+    """The child's status; killed at once on SIGTERM, or if the runner hangs up first."""
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
-    if _runner_gone_first(pid, runner, sockets=sockets):
+    if _runner_gone_first(pid, runner):
         os.kill(pid, signal.SIGKILL)
     return _status(os.waitpid(pid, 0)[1])
 
 
-def _runner_gone_first(pid: int, runner: socket.socket, timeout_s: float | None = None,
-                       sockets: socket.socket | None = None) -> bool:
+def _runner_gone_first(pid: int, runner: socket.socket, timeout_s: float | None = None) -> bool:
     """Wait for child `pid` to exit (without reaping it), or for the runner to hang up: whether the runner did
-    (or `timeout_s` passed first: the child must go either way). Asks on `sockets` are answered meanwhile.
+    (or `timeout_s` passed first: the child must go either way).
 
     The runner hangs up only by dying before the harness ended, without
     killing the jail; then what is under the jail must go too. (No watcher
@@ -329,17 +317,8 @@ def _runner_gone_first(pid: int, runner: socket.socket, timeout_s: float | None 
         events = select.poll()
         events.register(exited, select.POLLIN)
         events.register(runner, 0)  # only POLLHUP and POLLERR, which poll always reports
-        if sockets is not None:
-            events.register(sockets, select.POLLIN)
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
-            happened = dict(events.poll(left))
-            if sockets is not None and sockets.fileno() in happened and len(happened) == 1:
-                if not hand_out_socket(sockets):  # the child hung up its end: nothing more to hand out
-                    events.unregister(sockets)
-                    sockets = None
-                continue
-            return exited not in happened
+        left = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+        return exited not in dict(events.poll(left))
     finally:
         os.close(exited)
 

@@ -20,24 +20,17 @@ import platform
 import shutil
 from pathlib import PurePosixPath
 
+from .namespaces import CLONE_NEWNS, LIBC, check, unshare
+
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x20, 0x1000, 0x4000, 1 << 18
 _KEPT_FLAGS = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # nosuid, nodev, noexec, noatime, nodiratime (ST_ = MS_ values)
 SCRATCH = frozenset({"tmp", "dev", "proc", "sys", "run"})  # stay writable: what programs expect to write
 _MNT_DETACH = 2
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
-CLONE_NEWNS = 0x00020000
-_LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     enc = (lambda s: s.encode() if s is not None else None)
-    _check(_LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+    check(LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount {source or fstype} on {target}")
 
 
@@ -52,8 +45,8 @@ def _pivot_root(new_root: str) -> None:
     if number is None:
         raise OSError(f"pivot_root: unknown syscall number on {platform.machine()}")
     os.chdir(new_root)
-    _check(_LIBC.syscall(number, b".", b"."), "pivot_root")
-    _check(_LIBC.umount2(b".", _MNT_DETACH), "detach the old root")
+    check(LIBC.syscall(number, b".", b"."), "pivot_root")
+    check(LIBC.umount2(b".", _MNT_DETACH), "detach the old root")
     os.chdir("/")
 
 
@@ -69,7 +62,7 @@ def enter_root(new_root: str, binds: list[tuple[str, str]], writable: list[str] 
     holding a `writable` path: the agent can change neither the machine
     nor the tools its verifier will run.
     """
-    _check(_LIBC.unshare(CLONE_NEWNS), "unshare a mount namespace")
+    unshare(CLONE_NEWNS)
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here shows outside
     _mount("tmpfs", new_root, "tmpfs", 0, "mode=0755")
     claimed = {PurePosixPath(target).parts[1] for target, _ in binds}
@@ -93,7 +86,7 @@ def enter_root(new_root: str, binds: list[tuple[str, str]], writable: list[str] 
         if source:
             bind(source, dest)
     _pivot_root(new_root)
-    _LIBC.umount2(new_root.encode(), _MNT_DETACH)  # the tmpfs as seen again through the bound parent
+    LIBC.umount2(new_root.encode(), _MNT_DETACH)  # the tmpfs as seen again through the bound parent
 
 
 def _read_only(path: str) -> None:

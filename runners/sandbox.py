@@ -157,7 +157,7 @@ class Sandbox:
                                  + ("; verifier after the agent, in a fresh /logs/verifier" if layout.verifier else ""))
         wait_s = CONFINE_TIMEOUT_S + self._services(spec, services, harness_timeout_s)
         self._output = _Output()
-        self._job = Forked({"job": "jail", **asdict(spec)}, self._output.fds)
+        self._job = Forked({"job": "jail", **asdict(spec)}, self._output.fds, pid_one=bool(spec.bridge_port))
         try:
             if self._job.answer(wait_s) != {"ready": True}:
                 raise OSError(self.service_state().get("error") or f"the jail was not ready after {wait_s:.0f} s")

@@ -135,15 +135,24 @@ def dns_says_no_such_name():  # asked raw, as musl-based harnesses (Codex) do: a
     s.sendto(bytes.fromhex("abcd01000001000000000000076578616d706c6503636f6d0000010001"), (ns, 53))
     reply = s.recv(512)
     return float(reply[:2] == bytes.fromhex("abcd") and reply[3] & 0x0F == 3)
+def jail_is_one_process():  # PID 1, forked by the fork server itself: no process of the jail's outside
+    pid = int(os.readlink("/proc/self"))  # the machine's /proc: pids (and PPid) as the machine numbers them
+    field = lambda pid, name: open(f"/proc/{{pid}}/status").read().split(name + ":")[1].split("\\n")[0].split()
+    while len(field(pid, "NSpid")) > 1:  # still in the rollout's PID namespace
+        pid = int(field(pid, "PPid")[0])
+    parent = int(field(pid, "PPid")[0])
+    server = lambda pid: b"forgerl.runners.forkserver" in open(f"/proc/{{pid}}/cmdline", "rb").read()
+    return float(server(pid) and not server(parent))
 with urllib.request.urlopen(f"{{base}}/s/{{session}}/v1/models", timeout=10) as r:
     recorder = float(r.status == 200 and b"data" in r.read())
 scores = {{"recorder": recorder, "upstream_direct": refused("127.0.0.1", {port}),
-          "host": refused("{host_ip}", {port}), "internet": refused("1.1.1.1", 443), "dns": dns_says_no_such_name()}}
+          "host": refused("{host_ip}", {port}), "internet": refused("1.1.1.1", 443), "dns": dns_says_no_such_name(),
+          "one_process": jail_is_one_process()}}
 pathlib.Path("out.json").write_text(json.dumps(scores))
 """
     outcome, _ = run(stack, code)
     assert json.loads(outcome.row()["scores"]) == {"recorder": 1.0, "upstream_direct": 1.0, "host": 1.0,
-                                                   "internet": 1.0, "dns": 1.0}
+                                                   "internet": 1.0, "dns": 1.0, "one_process": 1.0}
     assert any("network namespace" in e for e in outcome.extra["enforced"])
 
 
