@@ -262,6 +262,8 @@ def _fork_for(conn: socket.socket, listener: socket.socket, own_pids: int) -> No
         tag, fds, _, _ = socket.recv_fds(conn, 1, 2)
     except OSError:
         return
+    if not tag:  # the client hung up first
+        return
     conn.settimeout(None)
     fresh = False
     if tag == PID_ONE:
