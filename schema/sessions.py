@@ -54,7 +54,7 @@ class _Folder:
         self.files: dict[str, _Info] = {}  # by name
         self.holders: dict[str, set[str]] = {}  # session -> the names of the files holding it
 
-    def update(self, current: set[str]) -> set[str]:
+    def update(self, current: set[str]) -> None:
         """Learn the names listed that are new, forget the ones gone; FileNotFoundError: one vanished meanwhile."""
         with _LOCK:
             new, gone = current - self.files.keys(), self.files.keys() - current
@@ -67,7 +67,6 @@ class _Folder:
                     self.files[name] = info
                     for session in info[1]:
                         self.holders.setdefault(session, set()).add(name)
-        return current
 
     def _drop(self, name: str) -> None:
         for session in self.files.pop(name)[1]:
@@ -132,7 +131,8 @@ def _held(root: str | Path, table: str, session: str) -> list[tuple[str, int, in
         try:
             path, names = data_file_names(root, table)
             folder = _folder(path)
-            return folder.holding(session, folder.update(names))
+            folder.update(names)
+            return folder.holding(session, names)
         except FileNotFoundError:  # a compaction swapped files between listing and reading
             time.sleep(0.05)
     raise FileNotFoundError(f"{root}/{table}: files keep vanishing while reading")

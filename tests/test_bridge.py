@@ -36,8 +36,8 @@ def echo_server():
 
 @pytest.mark.skipif(not can_unshare(), reason="no network namespaces on this machine (see runners/README.md)")
 def test_bytes_cross_the_bridge_on_sockets_made_outside(echo_server):
-    """A thread in a network namespace of its own (as PID 1 of a jail is) reaches the echo server outside only
-    through the bridge, and the bridge's threads stay inside between connections."""
+    """A thread in a network namespace of its own (as PID 1 of a jail is) reaches the echo server outside through
+    the bridge, a fresh outside socket per connection, and is refused when it tries it directly."""
     seen: dict = {}
 
     def inside() -> None:
