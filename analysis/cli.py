@@ -19,10 +19,12 @@ import io
 import json
 import os
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import duckdb
 
+from forgerl import printer
 from forgerl.cli import run_verb
 from forgerl.converters.tokenizer import load_tokenizer
 from forgerl.converters.tokens import Renderer
@@ -32,7 +34,7 @@ from forgerl.schema.attempts import Scope, pass_rate_rows
 from . import connect
 from .compare import Side, compare
 from .groups import FIXED, OUTCOME
-from .pass_rates import print_table
+from .pass_rates import rates_table
 from .gui import screenshot_strip
 from .report import build, comparison_table, table, to_html
 from .viewer.server import DEFAULT_LISTEN, parse_listen, serve
@@ -111,7 +113,7 @@ def _report(args: argparse.Namespace) -> int:
     strip = screenshot_strip(con, args.screenshots) if args.screenshots else ""
     title = f"forgerl behaviour report: {Path(args.dataset).resolve().name}"
     page = to_html(report, title, viewer=args.viewer, screenshots=strip) if out else None
-    print(table(report))
+    printer.show(table(report))
     if out:
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(page)
@@ -146,9 +148,16 @@ def format_rows(names: list[str], rows: list[tuple], fmt: str) -> str:
         writer.writerow(names)
         writer.writerows(rows)
         return buf.getvalue().rstrip("\n")
-    cells = [names, *([("" if v is None else str(v)) for v in r] for r in rows)]
-    widths = [min(60, max(len(c[i]) for c in cells)) for i in range(len(names))]
-    return "\n".join("  ".join(v[:60].ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells)
+    numeric = {name for i, name in enumerate(names)
+               if all(isinstance(r[i], (int, float, Decimal)) and not isinstance(r[i], bool) for r in rows
+                      if r[i] is not None)}
+    return printer.text(printer.table(names, ([_cell(v) for v in r] for r in rows), left=set(names) - numeric))
+
+
+def _cell(value: object, width: int = 60) -> str:
+    """A value as a table cell: empty for NULL, cut to `width` characters."""
+    text = "" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -160,22 +169,19 @@ def _compare(args: argparse.Namespace) -> int:
                           "resamples": c.resamples, "seed": c.seed, "method": "paired task-level bootstrap, percentile",
                           "metrics": [r.as_dict() for r in c.rows]}, indent=2))
         return 0
-    from rich.console import Console
-
-    Console(width=200).print(comparison_table(c))
+    printer.show(comparison_table(c))
     return 0
 
 
 def _pass_rates(args: argparse.Namespace) -> int:
     scope = Scope(harness=args.harness, model=args.model, policy_version=args.policy_version)
     rows = pass_rate_rows(connect(args.dataset), scope)
-    print_table(rows, f"pass rates per task ({scope}): {Path(args.dataset).resolve().name}")
+    printer.show(rates_table(rows, f"pass rates per task ({scope}): {Path(args.dataset).resolve().name}"))
     return 0
 
 
 def _views(args: argparse.Namespace) -> int:
-    width = max(len(v.name) for v in VIEWS)
-    print("\n".join(f"{v.name.ljust(width)}  {v.doc}" for v in VIEWS))
+    printer.show(printer.table(["view", "what it holds"], ([v.name, v.doc] for v in VIEWS), left=2))
     return 0
 
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from rich.table import Table
+
+from forgerl import printer
+
 
 def solved(n: int, passed: int) -> str:
     """never / sometimes / always: what a task's attempts say about the policy."""
@@ -27,23 +31,11 @@ def summary(rows: list[dict]) -> str:
             f"{bands['always']} always")
 
 
-def rates_table(rows: list[dict], title: str):
-    """The rows as a rich table: task, harness, model, policy version, attempts, passed, pass rate, solved."""
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", caption=summary(rows), caption_justify="left")
-    for name in ("task", "harness", "model", "policy", "n", "passed", "pass rate", "mean reward", "solved"):
-        table.add_column(name, justify="left" if name in ("task", "harness", "model", "policy", "solved") else "right",
-                         no_wrap=True)
-    for r in rows:
-        mean = "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"
-        table.add_row(r["task"], r["harness"], r["model"], r["policy_version"], str(r["n"]), str(r["passed"]),
-                      f"{r['pass_rate']:.3f}", mean, solved(r["n"], r["passed"]))
-    return table
-
-
-def print_table(rows: list[dict], title: str, file=None) -> None:
-    """Print `rates_table` (the one printer `forge-analyze pass-rates` and `forge-run` share)."""
-    from rich.console import Console
-
-    Console(width=200, file=file).print(rates_table(rows, title))
+def rates_table(rows: list[dict], title: str) -> Table:
+    """The rows as a table: task, harness, model, policy version, attempts, passed, pass rate, solved."""
+    headers = ["task", "harness", "model", "policy", "n", "passed", "pass rate", "mean reward", "solved"]
+    body = [[r["task"], r["harness"], r["model"], r["policy_version"], r["n"], r["passed"], f"{r['pass_rate']:.3f}",
+             "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}", solved(r["n"], r["passed"])]
+            for r in rows]
+    return printer.table(headers, body, title=title, caption=summary(rows),
+                         left={"task", "harness", "model", "policy", "solved"})

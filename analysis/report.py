@@ -17,7 +17,9 @@ from datetime import datetime, timezone
 from urllib.parse import urlencode
 
 import duckdb
+from rich.table import Table
 
+from forgerl import printer
 from forgerl.errors import UserError
 
 from . import groups
@@ -94,16 +96,11 @@ def _fmt(value, kind: str) -> str:
     return f"{int(value):,}"
 
 
-def table(report: Report) -> str:
-    """The per-group metrics as an aligned text table."""
+def table(report: Report) -> Table:
+    """The per-group metrics as a table (what `forge-analyze report` prints)."""
     headers = [report.by, *(h for _, h, _ in COLUMNS)]
     body = [[str(g[report.by]), *(_fmt(g[c], k) for c, _, k in COLUMNS)] for g in report.groups]
-    widths = [max(len(r[i]) for r in [headers, *body]) for i in range(len(headers))]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
-    lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in body]
-    if not body:
-        lines.append("(no sessions)")
-    return "\n".join(lines)
+    return printer.table(headers, body, caption=None if body else "(no sessions)")
 
 
 # --- plots ------------------------------------------------------------------------------------
@@ -246,18 +243,11 @@ def comparison_cells(c: Comparison) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def comparison_table(c: Comparison):
-    """The comparison as a rich table (what `forge-analyze compare` prints)."""
-    from rich.table import Table
-
+def comparison_table(c: Comparison) -> Table:
+    """The comparison as a table (what `forge-analyze compare` prints)."""
     headers, rows = comparison_cells(c)
-    table_ = Table(title=f"{c.a} (A) vs {c.b} (B): {len(c.tasks)} paired tasks, paired task bootstrap, "
-                         f"{c.resamples} resamples, seed {c.seed}", title_justify="left")
-    for i, h in enumerate(headers):
-        table_.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
-    for row in rows:
-        table_.add_row(*row)
-    return table_
+    return printer.table(headers, rows, title=f"{c.a} (A) vs {c.b} (B): {len(c.tasks)} paired tasks, paired task "
+                         f"bootstrap, {c.resamples} resamples, seed {c.seed}")
 
 
 # --- HTML -------------------------------------------------------------------------------------

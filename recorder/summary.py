@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from forgerl import printer
 from forgerl.errors import UserError
 from forgerl.schema.duck import connect
 
@@ -44,16 +45,13 @@ def sessions(root: str | Path, session_id: str | None = None) -> list[dict]:
 
 
 def format_sessions(rows: list[dict]) -> str:
+    """`forge-record ls`: one line per session."""
     if not rows:
         return "no sessions recorded"
-    header = f"{'session':<28} {'harness':<16} {'calls':>5} {'in':>8} {'out':>7} {'cache r/w':>13} {'err':>3}  started"
-    lines = [header]
-    for r in rows:
-        cache = f"{r['cache_read']}/{r['cache_write']}"
-        lines.append(f"{r['session_id'][:28]:<28} {str(r['harness'])[:16]:<16} {r['calls']:>5} "
-                     f"{r['input_tokens']:>8} {r['output_tokens']:>7} {cache:>13} {r['errors']:>3}  "
-                     f"{r['started']:%Y-%m-%d %H:%M:%S}")
-    return "\n".join(lines)
+    headers = ["session", "harness", "calls", "in", "out", "cache r/w", "err", "started"]
+    body = [[r["session_id"], r["harness"], r["calls"], r["input_tokens"], r["output_tokens"],
+             f"{r['cache_read']}/{r['cache_write']}", r["errors"], f"{r['started']:%Y-%m-%d %H:%M:%S}"] for r in rows]
+    return printer.text(printer.table(headers, body, left={"session", "harness", "started"}))
 
 
 def summarise_session(root: str | Path, session_id: str) -> str:

@@ -60,7 +60,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from forgerl.analysis.pass_rates import print_table
+from forgerl.analysis.pass_rates import rates_table
+from forgerl import printer
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.schema.store import DatasetWriter
@@ -244,9 +245,9 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
     ids = {t.id for t in tasks}
     rows = [r for r in outcomes.outcome_rows(out, args.harness, model, policy_version) if r["task_id"] in ids]
     table = outcomes.pass_table(rows, args.attempts, {t.id: t for t in tasks})
-    print(outcomes.format_table(table, args.attempts, outcomes.pass_rules(tasks)))
-    print_table(outcomes.rate_rows(table, args.harness, policy_version),
-                f"pass rates per task (policy {policy_version or '(none)'})")
+    printer.show(outcomes.pass_at_k_table(table, args.attempts, outcomes.pass_rules(tasks)))
+    printer.show(rates_table(outcomes.rate_rows(table, args.harness, policy_version),
+                             f"pass rates per task (policy {policy_version or '(none)'})"))
     return 0
 
 

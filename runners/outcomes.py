@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from rich.table import Table
+
+from forgerl import printer
 from forgerl.analysis.reliability import counting_missing, pass_at_k, pass_pow_k
 from forgerl.schema.store import MANIFEST, read_table
 
@@ -73,15 +76,8 @@ def rate_rows(table: list[dict], harness: str, policy_version: str) -> list[dict
             for r in table if r["n"]]
 
 
-def format_table(table: list[dict], k: int, rules: list[str] = ()) -> str:
-    cols = ["task", "n", "passed", "infra", "mean_reward", "pass@1", f"pass@{k}", f"pass^{k}"]
-    cols = list(dict.fromkeys(cols))  # k == 1: pass@1 once
-
-    def cell(v: object) -> str:
-        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    rows = [[cell(r[c]) for c in cols] for r in table]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
-    return "\n".join([*lines, *rules])
+def pass_at_k_table(table: list[dict], k: int, rules: list[str] = ()) -> Table:
+    """`pass_table` as forge-run prints it, each benchmark's pass rule (`pass_rules`) under it."""
+    cols = list(dict.fromkeys(["task", "n", "passed", "infra", "mean_reward", "pass@1", f"pass@{k}", f"pass^{k}"]))  # k == 1: pass@1 once
+    rows = [["-" if r[c] is None else f"{r[c]:.3f}" if isinstance(r[c], float) else r[c] for c in cols] for r in table]
+    return printer.table(cols, rows, caption="\n".join(rules) or None)

@@ -168,17 +168,17 @@ def test_grouping_by_version_label_and_outcome(versions, capsys):
     assert curve[("claude-code", "v1")]["verification_rate"] == 0.0
     assert curve[("claude-code", "v2")]["verification_rate"] == pytest.approx(2 / 3)
     assert main(["report", str(versions), "--by", "stage"]) == 0  # in-process: the verb's own wrapper
-    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}  # header, rule
     assert lines["early"][1] == "6" and lines["late"][1] == "6"
     assert lines["early"][10] == "17%" and lines["late"][10] == "83%"  # pass@1, as in EXPECTED
     assert main(["report", str(versions), "--by", "status"]) == 0
-    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]} == {"failed", "success"}
+    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]} == {"failed", "success"}
 
 
 def test_report_html_shows_what_changed(versions, tmp_path, capsys):
     out = tmp_path / "r.html"
     assert main(["report", str(versions), "--by", "policy_version", "--out", str(out)]) == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["v1", "v2"]
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]] == ["v1", "v2"]  # header, rule
     page = out.read_text()
     assert 'id="what-changed"' in page and 'id="changes"' in page and 'id="learning-curves"' in page
     changes = page.split('id="changes"')[1].split("</table>")[0]

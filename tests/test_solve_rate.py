@@ -17,9 +17,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from forgerl import printer
 from forgerl.analysis import connect
 from forgerl.analysis.cli import main as analyze
-from forgerl.analysis.pass_rates import print_table, solved
+from forgerl.analysis.pass_rates import rates_table, solved
 from forgerl.converters.cli import main as convert
 from forgerl.converters.solve_rate import pass_rates
 from forgerl.runners import outcomes
@@ -56,7 +57,7 @@ def test_forge_analyze_pass_rates_prints_the_table(example, capsys):
     out = capsys.readouterr().out
     assert "6 task rows: 1 never solved, 4 sometimes, 1 always" in out
     line = next(x for x in out.splitlines() if "list-files" in x)
-    assert [c.strip() for c in line.strip("│ ").split("│")] == ["list-files", "claude-code", "claude-sonnet-4-5",
+    assert line.split() == ["list-files", "claude-code", "claude-sonnet-4-5",
                                                                  "(none)", "2", "1", "0.500", "0.500", "sometimes"]
     assert analyze(["pass-rates", str(example), "--policy-version", "v9"]) == 2
     err = capsys.readouterr().err.strip()
@@ -147,7 +148,7 @@ def test_the_converter_reads_the_rates_forge_analyze_prints(two_policies, capsys
     assert analyze(["pass-rates", str(two_policies), "--harness", "opencode", "--model", "qwen3-8b"]) == 0
     printed = {}
     for line in capsys.readouterr().out.splitlines():
-        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        cells = line.split()
         if len(cells) == 9 and cells[1] == "opencode":
             printed[cells[0]] = (cells[2], cells[3], int(cells[4]), int(cells[5]), cells[6])
     assert printed == {"fix-calc": ("qwen3-8b", "step-10", 3, 3, "1.000"),
@@ -186,10 +187,9 @@ def test_forge_runs_closing_table_counts_what_the_view_counts(two_policies, caps
     closing = outcomes.rate_rows(table, "opencode", "step-10")
     view = pass_rate_rows(connect(two_policies), Scope(harness="opencode", model="qwen3-8b", policy_version="step-10"))
     assert closing == [{k: r[k] for k in closing[0]} for r in view]
-    print_table(closing, "closing")
+    printer.show(rates_table(closing, "closing"))
     line = next(x for x in capsys.readouterr().out.splitlines() if "greet" in x)
-    cells = [c.strip() for c in line.strip("│ ").split("│")]
-    assert cells == ["greet", "opencode", "qwen3-8b", "step-10", "3", "1", "0.333", "0.333", "sometimes"]
+    assert line.split() == ["greet", "opencode", "qwen3-8b", "step-10", "3", "1", "0.333", "0.333", "sometimes"]
 
 
 def test_a_rerun_with_another_model_is_not_finished(two_policies):
