@@ -326,13 +326,15 @@ def viewer_bench(data: Path) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    from forgerl import printer
     from forgerl.schema.duck import connect
     n_calls, n_sessions = connect(data).execute("SELECT count(*), count(DISTINCT session_id) FROM calls").fetchone()
-    print(f"\n| `forge-analyze view`, {n_calls:,} calls / {n_sessions:,} sessions, 2 cores (taskset {CORES}) "
-          "| s | target s | target / this |")
-    print("|---|---:|---:|---:|")
-    for name, seconds, target in rows:
-        print(f"| {name} | {seconds:.3f} | {target or '-'} | {f'{target / seconds:.1f}' if target else '-'} |")
+    print()
+    printer.show(printer.table(
+        [f"`forge-analyze view`, {n_calls:,} calls / {n_sessions:,} sessions, 2 cores (taskset {CORES})", "s",
+         "target s", "target / this"],
+        [(name, f"{seconds:.3f}", target or "-", f"{target / seconds:.1f}" if target else "-")
+         for name, seconds, target in rows], style=printer.MARKDOWN))
     missed = [name for name, seconds, target in rows if target and seconds > target]
     print(f"\ntargets: {'met' if not missed else 'MISSED: ' + ', '.join(missed)}")
     return 1 if missed else 0
@@ -352,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = generate(args.data, args.sessions)
     if args.viewer:
         return viewer_bench(args.data)
+    from forgerl import printer
     from forgerl.schema.duck import connect
     con = connect(args.data)
     n_calls, n_sessions = con.execute("SELECT count(*), count(DISTINCT session_id) FROM calls").fetchone()
@@ -375,11 +378,12 @@ def main(argv: list[str] | None = None) -> int:
                   if not (v is None and ours[h][k] is None) and abs(float(ours[h][k]) - float(v)) > 1e-6 * max(1, abs(v))]
     print(f"metrics agree: {'yes' if not mismatches else 'NO ' + str(mismatches[:5])}")
     (rw, rc), (pw, pc) = min(report_runs), min(pandas_runs)
-    print(f"\n| {n_calls:,} calls, 2 cores (taskset {CORES}), best of {args.trials} | wall s | cpu s | "
-          f"pandas wall / this |")
-    print("|---|---:|---:|---:|")
-    print(f"| `forge-analyze report` (table + HTML with plots) | {rw:.2f} | {rc:.2f} | {pw / rw:.2f} |")
-    print(f"| pandas + pyarrow, same metrics | {pw:.2f} | {pc:.2f} | 1.00 |")
+    print()
+    printer.show(printer.table(
+        [f"{n_calls:,} calls, 2 cores (taskset {CORES}), best of {args.trials}", "wall s", "cpu s",
+         "pandas wall / this"],
+        [("`forge-analyze report` (table + HTML with plots)", f"{rw:.2f}", f"{rc:.2f}", f"{pw / rw:.2f}"),
+         ("pandas + pyarrow, same metrics", f"{pw:.2f}", f"{pc:.2f}", "1.00")], style=printer.MARKDOWN))
     print(f"\ntarget: report < 10 s on 2 cores over 1M calls -> {'met' if rw < 10 else 'MISSED'} "
           f"(wall {rw:.2f} s, cpu {rc:.2f} s)")
     return 1 if mismatches else 0

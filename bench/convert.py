@@ -365,17 +365,11 @@ def run_gui(sessions: int, turns: int, trials: int) -> None:
         verl = race({"verl": ("verl-vl", str(base / "sft"), str(base / "verl-ids.json"), vl_dir)}, 1)["verl"]
         same, total = _compare(base / "tok", base / "verl-ids.json")
     sft["tokens"] = tokens["tokens"]  # the same samples: a verl-sft row is the conversation a tokens row holds
-    print(f"\nforge-convert bench, shape gui: {sessions} sessions x {turns + 1} calls, {turns + 1} screenshots "
-          f"(1280x800 PNG) per session resent in every call, Qwen2.5-VL processor (transformers' defaults), "
-          f"{verl['tokens']} tokens in {verl['samples']} thread samples\n")
-    print(f"| {'contender':<36} | {'samples/s':>9} | {'tokens/s':>10} | {'vs veRL':>7} | {'peak RSS MB':>11} |")
-    print(f"|{'-' * 38}|{'-' * 11}:|{'-' * 12}:|{'-' * 9}:|{'-' * 13}:|")
-    verl_tps = verl["tokens"] / verl["seconds"]
-    for name, r in {"tokens (template, image pads)": tokens, "verl-sft (rows with image bytes)": sft,
-                    "veRL MultiTurnSFTDataset + processor": verl}.items():
-        tps = r["tokens"] / r["seconds"]
-        print(f"| {name:<36} | {r['samples'] / r['seconds']:>9.1f} | {tps:>10.0f} | {tps / verl_tps:>6.1f}x | "
-              f"{r['rss_mb']:>11.0f} |")
+    print_table(f"forge-convert bench, shape gui: {sessions} sessions x {turns + 1} calls, {turns + 1} screenshots "
+                f"(1280x800 PNG) per session resent in every call, Qwen2.5-VL processor (transformers' defaults), "
+                f"{verl['tokens']} tokens in {verl['samples']} thread samples",
+                {"tokens (template, image pads)": tokens, "verl-sft (rows with image bytes)": sft,
+                 "veRL MultiTurnSFTDataset + processor": verl}, verl)
     print(f"\nids and loss masks identical to veRL's: {same}/{total} samples")
     print("target: tokens >= 5x veRL with identical ids")
 
@@ -400,7 +394,12 @@ def run_shape(shape_name: str, sessions: int, turns: int, trials: int) -> None:
             "veRL MultiTurnSFTDataset": ("verl", str(base / "sft"), str(base / "verl-ids.json")),
             "raw encode_batch": ("raw", str(base / "texts.json"))}, trials)
         same, total = _compare(base / "tok-template", base / "verl-ids.json")
-    print_table(shape_name, sessions, turns, results, same, total)
+    raw = results["raw encode_batch"]
+    print_table(f"forge-convert bench, shape {shape_name}: {sessions} sessions x {turns + 1} calls, Qwen3 tokenizer, "
+                f"{raw['tokens']} tokens in {raw['samples']} thread samples",
+                results, results["veRL MultiTurnSFTDataset"], raw)
+    print(f"\nids and loss masks identical to veRL's (template run): {same}/{total} samples")
+    print("targets: tokens >= 10x veRL, >= 50 % of raw encode, peak RSS < 1024 MB")
 
 
 def _compare(tokens_out: Path, verl_ids: Path) -> tuple[int, int]:
@@ -413,20 +412,18 @@ def _compare(tokens_out: Path, verl_ids: Path) -> tuple[int, int]:
     return sum(1 for k, v in theirs.items() if ours.get(k) == v), len(theirs)
 
 
-def print_table(shape_name: str, sessions: int, turns: int, results: dict[str, dict], same: int, total: int) -> None:
-    verl, raw = results["veRL MultiTurnSFTDataset"], results["raw encode_batch"]
-    print(f"\nforge-convert bench, shape {shape_name}: {sessions} sessions x {turns + 1} calls, Qwen3 tokenizer, "
-          f"{raw['tokens']} tokens in {raw['samples']} thread samples\n")
-    print(f"| {'contender':<30} | {'samples/s':>9} | {'tokens/s':>10} | {'vs veRL':>7} | {'vs raw':>6} | "
-          f"{'peak RSS MB':>11} |")
-    print(f"|{'-' * 32}|{'-' * 11}:|{'-' * 12}:|{'-' * 9}:|{'-' * 8}:|{'-' * 13}:|")
-    for name, r in results.items():
-        tps = r["tokens"] / r["seconds"]
-        print(f"| {name:<30} | {r['samples'] / r['seconds']:>9.1f} | {tps:>10.0f} | "
-              f"{tps / (verl['tokens'] / verl['seconds']):>6.1f}x | {tps / (raw['tokens'] / raw['seconds']):>5.0%} | "
-              f"{r['rss_mb']:>11.0f} |")
-    print(f"\nids and loss masks identical to veRL's (template run): {same}/{total} samples")
-    print("targets: tokens >= 10x veRL, >= 50 % of raw encode, peak RSS < 1024 MB")
+def print_table(title: str, results: dict[str, dict], verl: dict, raw: dict | None = None) -> None:
+    """The contenders' throughput (against veRL's, and raw encode's if given) and peak RSS, after a blank line."""
+    from forgerl import printer  # here, not at the top: the workers' time and peak RSS stay their own
+
+    def tps(r: dict) -> float:
+        return r["tokens"] / r["seconds"]
+
+    rows = [[name, f"{r['samples'] / r['seconds']:.1f}", f"{tps(r):.0f}", f"{tps(r) / tps(verl):.1f}x",
+             *([f"{tps(r) / tps(raw):.0%}"] if raw else []), f"{r['rss_mb']:.0f}"] for name, r in results.items()]
+    headers = ["contender", "samples/s", "tokens/s", "vs veRL", *(["vs raw"] if raw else []), "peak RSS MB"]
+    print()
+    printer.show(printer.table(headers, rows, title=title, style=printer.MARKDOWN))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from forgerl import printer
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
@@ -455,14 +457,6 @@ def run_capacity(args, work: Path, res: Results, names: list[str]) -> None:
 # ------------------------------------------------------------------ tables
 
 
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    line = lambda cells: "| " + " | ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
-                                            for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
-
-
 def report(args, configs: list[Config], cells: list[Cell], res: Results) -> str:
     names = [c.name for c in configs]
     out = []
@@ -479,8 +473,9 @@ def report(args, configs: list[Config], cells: list[Cell], res: Results) -> str:
                          ms(r("total_p99")), ms(a("ttft_p50"), True), ms(a("ttft_p99"), True),
                          ms(a("total_p50"), True), ms(a("total_p99"), True),
                          ms(r("cpu_per_stream")) if name != "direct" else "-", f"{r('other_load'):.2f}"])
-    out.append(table(["streams", "config", "n", "TTFT p50", "TTFT p99", "total p50", "total p99",
-                      "+TTFT p50", "+TTFT p99", "+total p50", "+total p99", "proxy CPU/stream", "other load"], rows))
+    out.append(printer.text(printer.table(
+        ["streams", "config", "n", "TTFT p50", "TTFT p99", "total p50", "total p99", "+TTFT p50", "+TTFT p99",
+         "+total p50", "+total p99", "proxy CPU/stream", "other load"], rows, left=2, style=printer.MARKDOWN)))
 
     out.append(f"\n### Throughput (median of {args.trials} trial(s))\n")
     rows = []
@@ -492,8 +487,9 @@ def report(args, configs: list[Config], cells: list[Cell], res: Results) -> str:
                      ms(med([x["cpu_per_request"] for x in h])) if name != "direct" else "-",
                      *(f"{sps[c.key]:.2f}" for c in cells),
                      f"{med(res.rss.get(name, [])):.0f}" if name in res.rss else "-"])
-    out.append(table(["config", f"req/s ({args.hammer_workers} workers)", "req p50 ms", "proxy CPU/req ms",
-                      *(f"streams/s {c.key}" for c in cells), "proxy RSS MB at end"], rows))
+    out.append(printer.text(printer.table(
+        ["config", f"req/s ({args.hammer_workers} workers)", "req p50 ms", "proxy CPU/req ms",
+         *(f"streams/s {c.key}" for c in cells), "proxy RSS MB at end"], rows, style=printer.MARKDOWN)))
 
     if res.capacity:
         out.append(f"\n### Capacity: {args.cap_streams} concurrent SSE streams, {args.cap_chunks} chunks "
@@ -504,8 +500,9 @@ def report(args, configs: list[Config], cells: list[Cell], res: Results) -> str:
                          str(c.get("complete", "-")), ms(c["ttft_p50"]), ms(c["ttft_p99"]),
                          ms(c["total_p50"]), ms(c["total_p99"]), f"{c['proxy_cpu']:.1f}",
                          f"{c.get('rss_mb', float('nan')):.0f}"])
-        out.append(table(["config", "completed", "peak open", "recorded complete", "TTFT p50", "TTFT p99",
-                          "total p50", "total p99", "proxy CPU s", "proxy RSS MB"], rows))
+        out.append(printer.text(printer.table(
+            ["config", "completed", "peak open", "recorded complete", "TTFT p50", "TTFT p99", "total p50",
+             "total p99", "proxy CPU s", "proxy RSS MB"], rows, style=printer.MARKDOWN)))
 
     out.append("\n### Targets (DESIGN.md §9): ratios against bare mitmdump\n")
     out.append(targets(args, cells, res))
@@ -549,7 +546,7 @@ def targets(args, cells: list[Cell], res: Results) -> str:
     headers = ["target", "goal", *(f"{a} vs {b}" for a, b in pairs)]
     if not pairs:
         headers = ["target", "goal", "result"]
-    return table(headers, rows)
+    return printer.text(printer.table(headers, rows, left=2, style=printer.MARKDOWN))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from runner_fixtures import BENCH, SPARQL_TASK, task_script  # noqa: E402
 from scripted_upstream import ScriptedUpstream  # noqa: E402
 
+from forgerl import printer  # noqa: E402
 from forgerl.runners.harnesses import RunContext, get_harness  # noqa: E402
 from forgerl.runners.attempt import PASSTHROUGH_ENV  # noqa: E402
 from forgerl.runners.local import LocalRunner  # noqa: E402
@@ -144,13 +145,9 @@ def main() -> int:
                          f"{statistics.median(b for b, _ in cpus):.0f}", f"{statistics.median(r for _, r in cpus):.0f}"])
     head = ["parallel", "rollouts", "bare/s", "runner/s", "ratio", "range", "setup ms", "harness ms", "grade ms",
             "teardown ms", "overhead ms", "bare cpu ms", "runner cpu ms"]
-    widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(head)]
-    print(f"harness: {args.harness}; peer: the bare harness CLI through the same recorder; "
-          f"ratio = runner throughput / bare throughput (median of the trials; range: min-max); "
-          f"{os.cpu_count()} CPUs")
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
-    for r in rows:
-        print("  ".join(str(v).rjust(w) for v, w in zip(r, widths)))
+    printer.show(printer.table(head, rows, title=f"harness: {args.harness}; peer: the bare harness CLI through the "
+                               f"same recorder; ratio = runner throughput / bare throughput (median of the trials; "
+                               f"range: min-max); {os.cpu_count()} CPUs", left=0, style=printer.MARKDOWN))
     return 0
 
 

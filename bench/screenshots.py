@@ -49,6 +49,7 @@ def main() -> int:
     size = tuple(int(v) for v in args.size.split("x"))
     from gui_sessions import screenshot
 
+    from forgerl import printer
     from forgerl.schema.store import compact
 
     png = sum(len(screenshot(step, size, listing=True)) for step in range(args.steps))
@@ -59,13 +60,14 @@ def main() -> int:
             sent = record(root, args.steps, size, mode)
             compact(root)  # one file per table: what a dataset settles to, not how many flushes it took
             rows.append((mode, sent, dataset_bytes(root)))
-    print(f"\nscreenshot session: {args.steps} steps, {size[0]}x{size[1]} PNG screenshots "
-          f"({png / args.steps / 1024:.0f} KiB each on average), every call resending all earlier ones\n")
-    print(f"| {'--images':<9} | {'request KiB/step':>16} | {'dataset KiB/step':>16} | {'dataset / requests':>18} |")
-    print(f"|{'-' * 11}|{'-' * 17}:|{'-' * 17}:|{'-' * 19}:|")
-    for mode, sent, stored in rows:
-        print(f"| {mode:<9} | {sent / args.steps / 1024:>16.1f} | {stored / args.steps / 1024:>16.1f} | "
-              f"{stored / sent:>18.3f} |")
+    print()
+    printer.show(printer.table(
+        ["--images", "request KiB/step", "dataset KiB/step", "dataset / requests"],
+        [(mode, f"{sent / args.steps / 1024:.1f}", f"{stored / args.steps / 1024:.1f}", f"{stored / sent:.3f}")
+         for mode, sent, stored in rows],
+        title=f"screenshot session: {args.steps} steps, {size[0]}x{size[1]} PNG screenshots "
+              f"({png / args.steps / 1024:.0f} KiB each on average), every call resending all earlier ones",
+        style=printer.MARKDOWN))
     print(f"\nscreenshots alone: {png / args.steps / 1024:.1f} KiB/step")
     return 0
 

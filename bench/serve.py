@@ -47,6 +47,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from forgerl import printer  # noqa: E402
 from forgerl.recorder.control import RecorderControl  # noqa: E402
 from forgerl.recorder.proxy import free_port  # noqa: E402
 from forgerl.recorder.sse import SSEDecoder  # noqa: E402
@@ -231,17 +232,7 @@ def main() -> int:
 
 
 def print_table(timings: dict, stamps: dict, n: int, parallel: int, load: tuple[float, float]) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"serve mode TTFT: {TOKENS} tokens at {PACE_S * 1000:.0f} ms, {n} paired trials per API, "
-                        f"at most {parallel} streams in flight; load average {load[0]:.1f} -> {load[1]:.1f} on "
-                        f"{os.cpu_count()} cores (ms)", box=box.MARKDOWN, title_justify="left")
-    for name in ("API", "policy TTFT p50", "gateway added p50", "gateway added p90", "serve added p50",
-                 "serve added p90", "serve request side p50", "serve token side p50",
-                 "serve TTFT p50", "whole generation p50", "TTFT / whole generation"):
-        table.add_column(name, justify="left" if name == "API" else "right")
+    rows = []
     for api in FIRST_TEXT:
         def of(config: str, value) -> list[float]:
             return [value(timings[(trial, api, config)], stamps[(trial, api, config)]) for trial in range(n)]
@@ -251,17 +242,23 @@ def print_table(timings: dict, stamps: dict, n: int, parallel: int, load: tuple[
 
         ttft, request_side, token_side = _ttft, _request_side, _token_side
         whole = p(of("policy", lambda timing, stamp: timing[1]), 50)
-        table.add_row(api, f"{p(of('policy', ttft), 50):.1f}", f"{p(added('gateway', ttft), 50):+.1f}",
-                      f"{p(added('gateway', ttft), 90):+.1f}", f"{p(added('serve', ttft), 50):+.1f}",
-                      f"{p(added('serve', ttft), 90):+.1f}", f"{p(added('serve', request_side), 50):+.1f}",
-                      f"{p(added('serve', token_side), 50):+.1f}", f"{p(of('serve', ttft), 50):.1f}", f"{whole:.0f}",
-                      f"{p(of('serve', ttft), 50) / whole:.4f}")
-    Console(width=220).print(table)
-    print("target: serve added p50 <= +5 ms (before: the first text came with the whole generation); added = a "
-          "trial's TTFT minus the same trial's policy TTFT; serve's request side: what it adds from sending the "
-          "request until the policy has the prompt, token side: from the policy's first token leaving until the "
-          "harness has the text (the policy's stamps); gateway = the policy gateway alone, serve = forge-record serve --policy "
-          "(recorder + gateway)")
+        rows.append([api, f"{p(of('policy', ttft), 50):.1f}", f"{p(added('gateway', ttft), 50):+.1f}",
+                     f"{p(added('gateway', ttft), 90):+.1f}", f"{p(added('serve', ttft), 50):+.1f}",
+                     f"{p(added('serve', ttft), 90):+.1f}", f"{p(added('serve', request_side), 50):+.1f}",
+                     f"{p(added('serve', token_side), 50):+.1f}", f"{p(of('serve', ttft), 50):.1f}", f"{whole:.0f}",
+                     f"{p(of('serve', ttft), 50) / whole:.4f}"])
+    printer.show(printer.table(
+        ["API", "policy TTFT p50", "gateway added p50", "gateway added p90", "serve added p50", "serve added p90",
+         "serve request side p50", "serve token side p50", "serve TTFT p50", "whole generation p50",
+         "TTFT / whole generation"], rows,
+        title=f"serve mode TTFT: {TOKENS} tokens at {PACE_S * 1000:.0f} ms, {n} paired trials per API, at most "
+              f"{parallel} streams in flight; load average {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} "
+              "cores (ms)",
+        caption="target: serve added p50 <= +5 ms (before: the first text came with the whole generation); added = a "
+                "trial's TTFT minus the same trial's policy TTFT; serve's request side: what it adds from sending the "
+                "request until the policy has the prompt, token side: from the policy's first token leaving until the "
+                "harness has the text (the policy's stamps); gateway = the policy gateway alone, serve = forge-record "
+                "serve --policy (recorder + gateway)", style=printer.MARKDOWN))
 
 
 if __name__ == "__main__":

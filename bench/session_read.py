@@ -30,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forgerl import printer
 from forgerl.schema import sessions
 from forgerl.schema.store import atomic_write_table, init_root, read_table
 from forgerl.schema.tables import TABLES
@@ -72,8 +73,7 @@ def main() -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
     args = p.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-    print(f"{'calls':>8} {'files':>6} {'session_rows warm ms':>21} {'session_rows cold ms':>21} "
-          f"{'whole table ms':>15}")
+    results = []
     with tempfile.TemporaryDirectory(prefix="forgerl-bench-read-") as tmp:
         root = Path(tmp) / "data"
         init_root(root)
@@ -88,7 +88,9 @@ def main() -> int:
             cold = median_ms(rows, picks, before=sessions.forget)
             whole = median_ms(lambda s: whole_table(root, s), picks[:3])
             files = len(list((root / "calls").glob("*.parquet")))
-            print(f"{size:>8} {files:>6} {warm:>21.1f} {cold:>21.1f} {whole:>15.1f}")
+            results.append((size, files, f"{warm:.1f}", f"{cold:.1f}", f"{whole:.1f}"))
+    printer.show(printer.table(["calls", "files", "session_rows warm ms", "session_rows cold ms", "whole table ms"],
+                               results, left=0, style=printer.MARKDOWN))
     return 0
 
 

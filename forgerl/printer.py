@@ -45,18 +45,26 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, title: st
 
 
 def text(rendered: Table) -> str:
-    """The table as plain text at its own width: no colour, no trailing blanks, no blank lines.
+    """The table as plain text at its own width: no colour, no trailing blanks.
 
     The title and caption are lines of their own above and below it, not
-    wrapped to the table's width as rich would.
+    wrapped to the table's width as rich would; around a markdown table, a
+    blank line apart (a line right under one would read as another row).
     """
     body = copy.copy(rendered)
     body.title = body.caption = None
     width = Console(width=_UNBOUNDED).measure(body).maximum
     buffer = io.StringIO()
     Console(file=buffer, width=width, color_system=None, highlight=False).print(body)
-    lines = [str(rendered.title or ""), *buffer.getvalue().splitlines(), *str(rendered.caption or "").splitlines()]
-    return "\n".join(line.rstrip() for line in lines if line.strip())
+    table_lines = buffer.getvalue().splitlines()
+    if body.box is MARKDOWN:  # rich draws every column's rule as "---"; markdown marks the right-aligned "--:"
+        at = next(i for i, line in enumerate(table_lines) if line.startswith("|-"))
+        rules = table_lines[at].split("|")[1:-1]
+        table_lines[at] = "|".join(["", *(rule[:-1] + ":" if column.justify == "right" else rule
+                                         for rule, column in zip(rules, body.columns)), ""])
+    blocks = [[str(rendered.title or "")], table_lines, str(rendered.caption or "").splitlines()]
+    kept = ["\n".join(line.rstrip() for line in block if line.strip()) for block in blocks]
+    return ("\n\n" if body.box is MARKDOWN else "\n").join(block for block in kept if block)
 
 
 def show(rendered: Table, file: TextIO | None = None) -> None:

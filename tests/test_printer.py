@@ -23,10 +23,10 @@ def test_a_wide_table_is_not_wrapped_to_the_terminal(monkeypatch):
 
 
 def test_names_left_numbers_right_and_markdown_for_benches():
-    rendered = printer.text(printer.table(["name", "ratio"], [["a", "1.5"], ["longer", "10.25"]],
-                                          style=printer.MARKDOWN))
-    assert rendered.splitlines() == ["| name   | ratio |", "|--------|-------|", "| a      |   1.5 |",
-                                     "| longer | 10.25 |"]
+    rendered = printer.text(printer.table(["name", "ratio"], [["a", "1.5"], ["longer", "10.25"]], title="title",
+                                          caption="a note", style=printer.MARKDOWN))
+    assert rendered.splitlines() == ["title", "", "| name   | ratio |", "|--------|------:|", "| a      |   1.5 |",
+                                     "| longer | 10.25 |", "", "a note"]  # a line right under would be a row
 
 
 def test_show_prints_the_text():
