@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
@@ -45,6 +46,7 @@ import yaml
 
 from forgerl.errors import UserError
 
+from .grade_code import reads_transcript
 from .grading import GradeInput, Reward, combine, grade_workspace
 from .harnesses.base import McpServer
 from .services import Service
@@ -93,8 +95,14 @@ class Task:
     offline_ungradable: ClassVar[str] = ""
 
     def score(self, run: GradeInput) -> dict[str, float]:
-        """Per-check scores of one finished rollout: by default `grade(transcript, workspace)` in a child."""
-        return grade_workspace(self, run.transcript, run.workspace)
+        """Per-check scores of one finished rollout: by default `grade(transcript, workspace)` in a child; the
+        rollout's calls are read back for the transcript only if grade() may look at it."""
+        return grade_workspace(self, run.transcript if self.grader_reads_transcript else [], run.workspace)
+
+    @cached_property
+    def grader_reads_transcript(self) -> bool:
+        """Whether `grader`'s grade() may look at its transcript (`grade_code.reads_transcript`)."""
+        return reads_transcript(self.grader)
 
     def reward(self, scores: dict[str, float]) -> Reward:
         """The reward of `score`'s result: by default the weighted mean of the graded parts."""

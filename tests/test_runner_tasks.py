@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from forgerl.runners.grading import NOT_GRADED, GradingError, combine, grade_workspace
+from forgerl.runners import grading
+from forgerl.runners.grade_code import reads_transcript, run_grade
+from forgerl.runners.grading import NOT_GRADED, GradeInput, GradingError, combine, grade_workspace
 from forgerl.runners.tasks import TaskError, find_task, load_tasks
 from forgerl.runners.transcript import openclaw_events
 from forgerl.schema.messages import Message, Part
@@ -98,6 +100,53 @@ def test_grade_runs_the_real_checks_on_a_workspace(tmp_path):
     transcript = [{"type": "message", "message": {"role": "assistant",
                                                   "content": [{"type": "text", "text": "The Borrowed Mind"}]}}]
     assert grade_workspace(novel, transcript, tmp_path)["novel_title_mentioned"] == 1.0
+
+
+@pytest.mark.parametrize("code, reads", [
+    ("def grade(transcript, workspace_path):\n    return {'a': 1.0}", False),
+    ("import os\ndef grade(t, w):\n    return {'a': float(os.path.exists(w))}", False),
+    ("def grade(transcript, w):\n    return {'a': float(len(transcript))}", True),
+    ("def grade(transcript, w):\n    def inner():\n        return transcript\n    return {'a': 0.0}", True),
+    ("def grade(transcript, w, t=None):\n    return {'a': 0.0}\ngrade = (lambda f: f)(grade)", True),
+    ("@staticmethod\ndef grade(transcript, w):\n    return {}", True),
+    ("def grade(*args):\n    return {}", True),
+    ("def grade(transcript, w):\n    return {'a': float(len(locals()))}", True),
+    ("def helper():\n    return sys._getframe(1)\nimport sys\ndef grade(t, w):\n    helper()\n    return {}", True),
+    ("from inspect import currentframe\ndef grade(t, w):\n    return {}", True),
+    ("from grading_lib import grade", True),
+    ("def grade(transcript, w):\n    return {'a': 1.0", True),  # a syntax error: the child says so
+])
+def test_reads_transcript_is_false_only_when_grade_cannot_look(code, reads):
+    assert reads_transcript(code) is reads
+
+
+class Untouchable:
+    """A transcript that fails any look at it."""
+
+    def _fail(self, *args, **kwargs):
+        raise AssertionError("the grader looked at its transcript")
+
+    __iter__ = __len__ = __getitem__ = __contains__ = __bool__ = __eq__ = __reversed__ = __str__ = __repr__ = _fail
+
+
+def test_graders_said_not_to_read_the_transcript_never_touch_it(tmp_path):
+    """The 21 QwenClawBench graders classed as files-only grade alike with an untouchable transcript and an
+    empty one, on an empty workspace and on the SPARQL task's answer."""
+    files_only = [t for t in load_tasks(BENCH) if not t.grader_reads_transcript]
+    assert len(files_only) == 21
+    (tmp_path / "query_output.sparql").write_text(SPARQL_QUERY)
+    for workspace in (tmp_path / "empty", tmp_path):
+        workspace.mkdir(exist_ok=True)
+        for task in files_only:
+            assert run_grade(task.grader, Untouchable(), str(workspace)) == run_grade(task.grader, [], str(workspace))
+
+
+def test_score_reads_the_calls_back_only_for_a_grader_that_reads_them(tmp_path, monkeypatch):
+    read = []
+    monkeypatch.setattr(grading, "rollout_messages", lambda root, session: read.append(session) or [])
+    run = GradeInput(tmp_path / "data", "s1", tmp_path)
+    assert find_task(BENCH, SPARQL_TASK).score(run)["file_created"] == 0.0 and read == []
+    assert "novel_title_mentioned" in find_task(BENCH, NOVEL_TASK).score(run) and read == ["s1"]
 
 
 @pytest.mark.parametrize("body, message", [
