@@ -139,8 +139,8 @@ def main() -> int:
             ratios = sorted(b / r for b, r in pairs)
             overhead = mean_ms("setup") + mean_ms("grade") + mean_ms("teardown")
             rows.append([parallel, f"{trials}x{n}", f"{statistics.median(n / b for b, _ in pairs):.2f}",
-                         f"{statistics.median(n / r for _, r in pairs):.2f}", f"{statistics.median(ratios):.2f}",
-                         f"{ratios[0]:.2f}-{ratios[-1]:.2f}", f"{mean_ms('setup'):.0f}", f"{mean_ms('harness'):.0f}",
+                         f"{statistics.median(n / r for _, r in pairs):.2f}", f"{statistics.median(ratios):.3f}",
+                         f"{ratios[0]:.3f}-{ratios[-1]:.3f}", f"{mean_ms('setup'):.0f}", f"{mean_ms('harness'):.0f}",
                          f"{mean_ms('grade'):.0f}", f"{mean_ms('teardown'):.0f}", f"{overhead:.0f}",
                          f"{statistics.median(b for b, _ in cpus):.0f}", f"{statistics.median(r for _, r in cpus):.0f}"])
     head = ["parallel", "rollouts", "bare/s", "runner/s", "ratio", "range", "setup ms", "harness ms", "grade ms",
