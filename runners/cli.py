@@ -60,8 +60,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from forgerl.analysis.pass_rates import rates_table
 from forgerl import printer
+from forgerl.analysis.pass_rates import rates_table
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.schema.store import DatasetWriter
