@@ -150,7 +150,7 @@ def test_report_and_sql_verbs(dataset, tmp_path):
     # by hand: shell = 1 + 3 + 1 (Claude) + 2 (Codex); write = 1 + 2 + 2; plan = 2 + 3 + 2
     assert r.stdout.splitlines() == ["kind,n", "plan,7", "read,2", "search,3", "shell,7", "subagent,1", "write,5"]
     r = analyze("sql", str(dataset), "SELECT 1 AS one")
-    assert r.stdout.splitlines() == ["one", "───", "1"]
+    assert r.stdout.splitlines() == ["one", "───", "  1"]  # a number, right-aligned
 
 
 def test_bad_input_is_one_clear_line(dataset, tmp_path):
