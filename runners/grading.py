@@ -17,6 +17,7 @@ automated score itself.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 
 GRADER_TIMEOUT_S = 120
 NOT_GRADED = "not graded"
+# Names through which code can reach a function's arguments without naming them (frames, eval).
+_INTROSPECTION = frozenset({"eval", "exec", "locals", "vars", "globals", "sys", "inspect", "__import__",
+                            "builtins"})
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,58 @@ def grade_workspace(task: Task, transcript: list, workspace: Path, timeout: floa
     if not answer["ok"]:
         raise GradingError(f"grade() failed: {answer['error']}")
     return answer["scores"]
+
+
+def reads_transcript(code: str) -> bool:
+    """Whether grade() may look at its first argument, the transcript; False only when it provably cannot.
+
+    A grader that checks files alone (21 of QwenClawBench's 34 do) is handed an
+    empty transcript, so the runner does not read the rollout's calls back for
+    it. Provably: the module binds `grade` once, as an undecorated top-level
+    `def` with a named first parameter, and nothing in that def names the
+    parameter, and nothing in the module names what reaches arguments unnamed
+    (`eval`, `locals`, `sys`, ...). Anything else, a syntax error included,
+    counts as reading it (the child reports the error).
+    """
+    try:
+        module = ast.parse(code)
+    except SyntaxError:
+        return True
+    bindings = [node for node in ast.walk(module) if _binds_grade(node)]
+    if len(bindings) != 1 or not isinstance(bindings[0], ast.FunctionDef) or bindings[0] not in module.body:
+        return True
+    grade = bindings[0]
+    if grade.decorator_list or not (grade.args.posonlyargs or grade.args.args):
+        return True
+    first = (grade.args.posonlyargs or grade.args.args)[0].arg
+    named = {node.id for node in ast.walk(grade) if isinstance(node, ast.Name)}
+    return first in named or bool(_named_or_imported(module) & _INTROSPECTION)
+
+
+def _named_or_imported(module: ast.Module) -> set[str]:
+    """Every name the module uses, and every module it imports (`sys` in `from sys import _getframe`)."""
+    names: set[str] = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _binds_grade(node: ast.AST) -> bool:
+    """Whether `node` (re)binds the name `grade`: a def, a class, an assignment, an import, a `global`."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == "grade"
+    if isinstance(node, ast.Name):
+        return node.id == "grade" and isinstance(node.ctx, (ast.Store, ast.Del))
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((alias.asname or alias.name) == "grade" for alias in node.names)
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return "grade" in node.names
+    return False
 
 
 @dataclass(frozen=True)

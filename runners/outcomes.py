@@ -78,6 +78,7 @@ def rate_rows(table: list[dict], harness: str, policy_version: str) -> list[dict
 
 def pass_at_k_table(table: list[dict], k: int, rules: list[str] = ()) -> Table:
     """`pass_table` as forge-run prints it, each benchmark's pass rule (`pass_rules`) under it."""
-    cols = list(dict.fromkeys(["task", "n", "passed", "infra", "mean_reward", "pass@1", f"pass@{k}", f"pass^{k}"]))  # k == 1: pass@1 once
+    cols = ["task", "n", "passed", "infra", "mean_reward", "pass@1", f"pass@{k}", f"pass^{k}"]
+    cols = list(dict.fromkeys(cols))  # k == 1: pass@1 once
     rows = [["-" if r[c] is None else f"{r[c]:.3f}" if isinstance(r[c], float) else r[c] for c in cols] for r in table]
     return printer.table(cols, rows, caption="\n".join(rules) or None)

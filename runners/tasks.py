@@ -46,8 +46,7 @@ import yaml
 
 from forgerl.errors import UserError
 
-from .grade_code import reads_transcript
-from .grading import GradeInput, Reward, combine, grade_workspace
+from .grading import GradeInput, Reward, combine, grade_workspace, reads_transcript
 from .harnesses.base import McpServer
 from .services import Service
 from .simulated_user import Persona
@@ -101,7 +100,7 @@ class Task:
 
     @cached_property
     def grader_reads_transcript(self) -> bool:
-        """Whether `grader`'s grade() may look at its transcript (`grade_code.reads_transcript`)."""
+        """Whether `grader`'s grade() may look at its transcript (`grading.reads_transcript`)."""
         return reads_transcript(self.grader)
 
     def reward(self, scores: dict[str, float]) -> Reward:

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from forgerl.runners import grading
-from forgerl.runners.grade_code import reads_transcript, run_grade
-from forgerl.runners.grading import NOT_GRADED, GradeInput, GradingError, combine, grade_workspace
+from forgerl.runners.grade_code import run_grade
+from forgerl.runners.grading import NOT_GRADED, GradeInput, GradingError, combine, grade_workspace, reads_transcript
 from forgerl.runners.tasks import TaskError, find_task, load_tasks
 from forgerl.runners.transcript import openclaw_events
 from forgerl.schema.messages import Message, Part
