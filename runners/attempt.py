@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .grading import GradeInput, Judge
 from .harnesses import Harness, RunContext
-from .rollout import InfraError, grade_session, prepare_workspace, verdict_of
+from .rollout import InfraError, NoCallsRecorded, grade_session, prepare_workspace, verdict_of
 from .sandbox import Result, Sandbox
 from .services import WALL_CLOCK_GRACE_S, service_notes
 from .simulated_user import SimulatedUser, UserModel, UserModelError, hold_dialogue
@@ -146,10 +146,20 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     # 4. grade
     run = GradeInput(config.dataset, session, workspace, final_answer, verdict=verdict,
                      service_state=state.get("services", {}), judge=config.judge)
-    scores = grade_session(task, run, config.recorder_url)
+    try:
+        scores = grade_session(task, run, config.recorder_url)
+    except NoCallsRecorded as e:
+        raise NoCallsRecorded(f"{e}; {how_it_ended(result)}") from None
     timings["grade"] = round(time.monotonic() - clock, 4)
     return Finished(scores, result, final_answer, ctx, sandbox.enforced, _timed_out(verdict, result, state),
                     notes={**(layout.outcome_notes(verdict) if layout else {}), **service_notes(state), **notes})
+
+
+def how_it_ended(result: Result, lines: int = 3, width: int = 600) -> str:
+    """The harness's exit and the end of its stderr: why a rollout that never reached the model failed."""
+    how = "it ran out of time" if result.timed_out else f"it exited with status {result.returncode}"
+    said = [line.strip() for line in result.stderr.splitlines() if line.strip()][-lines:]
+    return f"{how}; its stderr ended: {' | '.join(said)[-width:]}" if said else f"{how}, nothing on its stderr"
 
 
 def _add(timings: dict[str, float], phase: str, start: float, end: float) -> None:

@@ -14,6 +14,10 @@ failure, or no call recorded at all: never scored, retried, then recorded
 with a null reward). A recording failure (`RecorderFailure`: the recorder's
 writer died, a write failed, the recorder is gone) is not retried: it stops
 the whole run, since every rollout after it would go unrecorded.
+
+An outcome's free text (its error; in `extra`, the harness's stderr, own
+transcript and final answer) is masked with the recorder's key patterns
+before it is written, as call bodies are.
 """
 
 from __future__ import annotations
@@ -31,17 +35,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from forgerl.recorder.control import BarrierError, RecorderControl
+from forgerl.recorder.redact import Redactor
 from forgerl.recorder.writer_process import RecorderFailure
+from forgerl.schema.sessions import prefer_system_allocator, session_count
 from forgerl.schema.store import MANIFEST, DatasetWriter
 
 from .grading import GradeInput, GradingError
-from forgerl.schema.sessions import prefer_system_allocator, session_count
 from .tasks import Task
 from .verifier import Layout, Verdict
 
 
 class InfraError(RuntimeError):
     """Not the agent's fault: retried, never scored."""
+
+
+class NoCallsRecorded(InfraError):
+    """The harness never reached the model: nothing to grade (the caller adds how the harness ended)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ def durable_calls(recorder_url: str, dataset: Path, session: str) -> int:
     except BarrierError as e:
         raise InfraError(f"recorder flush barrier: {e}") from None
     if acknowledged == 0:
-        raise InfraError("no calls were recorded for this rollout (the harness never reached the model)")
+        raise NoCallsRecorded("no calls were recorded for this rollout (the harness never reached the model)")
     found = session_count(dataset, "calls", session) if (dataset / MANIFEST).exists() else 0
     if found < acknowledged:
         raise InfraError(f"the recorder acknowledged {acknowledged} calls on disk but {dataset} holds {found}")
@@ -150,12 +159,20 @@ class Outcome:
             "passed": self.rollout.task.passes(graded.reward) if graded else None,
             "scores": json.dumps(self.scores) if self.scores is not None else None,
             "graded": json.dumps(graded.graded) if graded else None,
-            "error": self.error,
+            "error": _masked(self.error),
             "runner": self.runner,
             "t_start": self.t_start,
             "t_end": self.t_end,
-            "extra": json.dumps(self.extra, ensure_ascii=False) if self.extra else None,
+            "extra": _masked(json.dumps(self.extra, ensure_ascii=False)) if self.extra else None,
         }
+
+
+_KEY_SHAPES = Redactor()  # the built-in patterns alone: no literals are added, so threads may share it
+
+
+def _masked(text: str | None) -> str | None:
+    """`text` with key-shaped strings replaced, as the recorder does to bodies: harnesses print what they hold."""
+    return _KEY_SHAPES.body(text.encode()).decode() if text else text
 
 
 def now() -> datetime:

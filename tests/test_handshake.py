@@ -107,13 +107,32 @@ def test_a_rollout_with_a_call_is_graded(stack, tmp_path):
     assert outcome.status == "success", outcome.error
 
 
-def test_zero_recorded_calls_is_an_infra_error(stack, tmp_path):
+KEY = "sk-ant-api03-" + "Zq7" * 12  # key-shaped: the recorder's patterns mask it
+
+
+def test_zero_recorded_calls_is_an_infra_error_that_says_how_the_harness_ended(stack, tmp_path):
     root, up, rec = stack
     tried: list[str] = []
-    [outcome] = run_rollouts(rec.config.url, root, tmp_path, "print('never asked the model')", tried=tried)
+    code = ("import sys; print('never asked the model')\n"
+            f"sys.exit('browser did not start within 30 seconds (key {KEY})')")
+    [outcome] = run_rollouts(rec.config.url, root, tmp_path, code, tried=tried)
     assert up.log == [] and len(tried) == 1
     assert outcome.status == "infra_error" and "no calls were recorded" in outcome.error
-    assert outcome.row()["reward"] is None
+    assert "it exited with status 1; its stderr ended: browser did not start within 30 seconds" in outcome.error
+    row = outcome.row()
+    assert row["reward"] is None
+    assert KEY not in row["error"] and "(key [REDACTED])" in row["error"]  # what is written, masked
+
+
+def test_an_outcomes_free_text_is_masked_on_disk(stack, tmp_path):
+    """A harness that prints a key: the outcome written keeps its stderr and final answer, the key masked."""
+    root, _, rec = stack
+    code = CALL_MODEL + f"import sys; print('using {KEY}', file=sys.stderr)"
+    [outcome] = run_rollouts(rec.config.url, root, tmp_path, code)
+    assert outcome.status == "success" and KEY in outcome.extra["stderr_tail"]  # in memory, as the harness said it
+    [row] = [r for r in read_table(root, "outcomes").to_pylist() if r["session_id"] == outcome.session]
+    assert json.loads(row["extra"])["stderr_tail"].strip() == "using [REDACTED]"
+    assert KEY not in row["extra"]
 
 
 def test_killed_writer_stops_forwarding_and_the_recorder_exits_non_zero(scripted, recorder):

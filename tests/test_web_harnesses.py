@@ -52,9 +52,9 @@ def check_graded(rows: dict[str, dict], harness: str, data: Path, work: Path, ac
     solved, failed = rows[SOLVED], rows[FAILED]
     turns = GradeInput(data, solved["session_id"], data).turns
     assert [a["name"] for turn in turns for a in browser_actions(turn)] == actions
-    assert (solved["harness"], solved["status"], solved["reward"]) == (harness, "success", 1.0), solved
+    assert (solved["harness"], solved["status"], solved["reward"]) == (harness, "success", 1.0), solved["error"]
     assert json.loads(solved["extra"])["final_answer"] == ANSWER
-    assert (failed["status"], failed["reward"]) == ("failed", 0.0), failed
+    assert (failed["status"], failed["reward"]) == ("failed", 0.0), failed["error"]
     assert json.loads(failed["scores"]) == {"KX7P2Q cancelled": 0.0, "other trips untouched": 0.0}
     counts = check_vl_dataset(data, work)
     assert counts["blobs"] >= 1 and counts["samples_with_images"] >= 1, counts
