@@ -55,11 +55,19 @@ class _Folder:
         self.holders: dict[str, set[str]] = {}  # session -> the names of the files holding it
 
     def update(self, current: set[str]) -> None:
-        """Learn the names listed that are new, forget the ones gone; FileNotFoundError: one vanished meanwhile."""
+        """Learn the names listed that are new, forget the ones gone; FileNotFoundError: one vanished meanwhile.
+
+        A name known but not listed is forgotten only once it is gone from
+        disk (a compaction's source): another thread's listing may be newer
+        than this one and have learnt it, and that thread is about to look.
+        """
         with _LOCK:
-            new, gone = current - self.files.keys(), self.files.keys() - current
+            new, unlisted = current - self.files.keys(), self.files.keys() - current
+        gone = [name for name in unlisted if not os.path.exists(f"{self.path}{os.sep}{name}")]
+        with _LOCK:
             for name in gone:
-                self._drop(name)
+                if name in self.files:
+                    self._drop(name)
         for name in new:  # read outside the lock: other threads' sessions need not wait for these footers
             info = _learn(f"{self.path}{os.sep}{name}")
             with _LOCK:

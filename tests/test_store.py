@@ -162,6 +162,27 @@ def test_the_session_index_follows_new_files_and_a_compaction(tmp_path):
     assert counts() == {"a": 3, "b": 2, "c": 3}
 
 
+def test_an_older_listing_read_meanwhile_does_not_hide_a_new_file(tmp_path):
+    """Two rollouts graded at once: one thread lists the folder before the writer's newest file lands and is
+    held up; another lists after, learns that file, and is about to look for its session in it when the
+    first catches up with its older listing. The file is still there: it must not be forgotten (a rollout
+    was an infra_error when its grading saw fewer calls than the recorder had acknowledged)."""
+    from forgerl.schema import sessions
+
+    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+        record_session(w, "a", 2)
+        w.flush()
+        _, older = store.data_file_names(tmp_path, "calls")
+        record_session(w, "b", 3)
+        w.flush()
+    path, newer = store.data_file_names(tmp_path, "calls")
+    index = sessions._folder(path)
+    index.update(newer)
+    index.update(older)
+    assert [rows for _, rows, _ in index.holding("b", newer)] == [3]
+    assert sessions.session_count(tmp_path, "calls", "b") == 3
+
+
 def test_glob_readers_after_compaction(tmp_path):
     with store.DatasetWriter(tmp_path) as w:
         record_session(w, "a", 3)
