@@ -64,13 +64,14 @@ from forgerl import printer
 from forgerl.analysis.pass_rates import rates_table
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
+from forgerl.recorder.redact import Redactor
 from forgerl.schema.store import DatasetWriter
 
 from . import outcomes
 from .grading import Judge
 from .harnesses import HARNESSES, get_harness
 from .policy import PolicyVersionError, PolicyVersionSource
-from .rollout import Rollout
+from .rollout import KEY_SHAPES, Rollout
 from .serve import policy_recorder, upstream_recorder
 from .simulated_user import UserModel, refusal
 from .tasks import Task, load_tasks
@@ -139,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-model-name", default="", metavar="M", help="with --user-model: its model name")
     p.add_argument("--no-network-isolation", action="store_true",
                    help="local runner: do not put harnesses in a network namespace")
+    p.add_argument("--redact-rules", default="", metavar="FILE",
+                   help="extra redaction regexes, one per line, for the recorder forge-run starts and for what "
+                   "outcomes keep of the harness's own words (its stderr, own transcript, final answer); keys, "
+                   "tokens and .env secrets are always redacted. A recorder given with --recorder-url keeps its own")
     p.add_argument("--recorder-url", default="", help="use this running recorder instead of starting one "
                    "(required for --runner kubernetes unless pods can reach this machine)")
     p.add_argument("--watch", action="store_true", help="re-run whenever the policy version changes")
@@ -225,15 +230,17 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
         recorder_url = args.recorder_url
         if todo and not recorder_url and args.policy:
             recorder_url = stack.enter_context(policy_recorder(out, args.policy, args.tokenizer, args.served_model,
-                                                               policy_version))
+                                                               policy_version, args.redact_rules))
         if todo and not recorder_url:
-            recorder_url = stack.enter_context(upstream_recorder(out, args.upstream, policy_version))
+            recorder_url = stack.enter_context(upstream_recorder(out, args.upstream, policy_version,
+                                                                 args.redact_rules))
             if args.runner == "kubernetes":
                 print(f"forge-run: no --recorder-url: pods must reach {recorder_url} (this machine's loopback)",
                       file=sys.stderr)
         print(f"forge-run: {len(todo)} rollouts to run, {skipped} already finished{label}", file=sys.stderr)
         if todo:
             runner = _runner(args, recorder_url)
+            runner.redactor = args.redactor
             writer = stack.enter_context(DatasetWriter(out, source="runner"))
             bar = stack.enter_context(tqdm(total=len(todo), desc="rollouts", unit="rollout", file=sys.stderr))
 
@@ -289,6 +296,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--judge URL and --judge-model M go together")
     if bool(args.user_model) != bool(args.user_model_name):
         raise UserError("--user-model URL and --user-model-name M go together")
+    args.redactor = Redactor.from_file(args.redact_rules) if args.redact_rules else KEY_SHAPES
     persona_refusal = refusal(_user_model(args), get_harness(args.harness))
     tasks = _runnable(_select(load_tasks(args.tasks), args.task), persona_refusal)
     get_harness(args.harness).find()

@@ -16,12 +16,14 @@ writer died, a write failed, the recorder is gone) is not retried: it stops
 the whole run, since every rollout after it would go unrecorded.
 
 An outcome's free text (its error; in `extra`, the harness's stderr, own
-transcript and final answer) is masked with the recorder's key patterns
-before it is written, as call bodies are.
+transcript and final answer) is masked before it is written, as call bodies
+are: with the recorder's key patterns, and a run's own rules where it has
+them (`forge-run --redact-rules`, `BatchRunner.redactor`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import threading
@@ -118,6 +120,14 @@ def verdict_of(layout: Layout | None) -> Verdict | None:
         raise InfraError(str(e)) from None
 
 
+KEY_SHAPES = Redactor()  # the built-in patterns alone: no literals are added, so threads may share it
+
+
+def _masked(redactor: Redactor, text: str | None) -> str | None:
+    """`text` with secrets replaced, as the recorder does to bodies: harnesses print what they hold."""
+    return redactor.body(text.encode()).decode() if text else text
+
+
 @dataclass
 class Outcome:
     rollout: Rollout
@@ -145,7 +155,9 @@ class Outcome:
             status, error = ("success" if rollout.task.passes(reward) else "failed"), None
         return cls(rollout, session, harness, runner, status, t_start, now(), scores=scores, error=error, **kw)
 
-    def row(self) -> dict:
+    def row(self, redactor: Redactor | None = None) -> dict:
+        """The `outcomes` row, its free text masked by `redactor` (default: the key patterns alone)."""
+        mask = functools.partial(_masked, redactor or KEY_SHAPES)
         graded = self.rollout.task.reward(self.scores) if self.scores is not None else None
         return {
             "session_id": self.session,
@@ -159,20 +171,12 @@ class Outcome:
             "passed": self.rollout.task.passes(graded.reward) if graded else None,
             "scores": json.dumps(self.scores) if self.scores is not None else None,
             "graded": json.dumps(graded.graded) if graded else None,
-            "error": _masked(self.error),
+            "error": mask(self.error),
             "runner": self.runner,
             "t_start": self.t_start,
             "t_end": self.t_end,
-            "extra": _masked(json.dumps(self.extra, ensure_ascii=False)) if self.extra else None,
+            "extra": mask(json.dumps(self.extra, ensure_ascii=False)) if self.extra else None,
         }
-
-
-_KEY_SHAPES = Redactor()  # the built-in patterns alone: no literals are added, so threads may share it
-
-
-def _masked(text: str | None) -> str | None:
-    """`text` with key-shaped strings replaced, as the recorder does to bodies: harnesses print what they hold."""
-    return _KEY_SHAPES.body(text.encode()).decode() if text else text
 
 
 def now() -> datetime:
@@ -195,6 +199,7 @@ class BatchRunner:
 
     retry_backoff_s: float = 0.0
     pipelined: bool = False
+    redactor: Redactor = KEY_SHAPES  # masks each outcome's free text before it is written
     harness_slot: AbstractContextManager = nullcontext()  # a semaphore of `parallel` while `run` runs
 
     def attempt(self, rollout: Rollout, session: str) -> Outcome:
@@ -224,7 +229,7 @@ class BatchRunner:
             except RecorderFailure:
                 stopped.set()
                 raise
-            writer.add_outcome(outcome.row())
+            writer.add_outcome(outcome.row(self.redactor))
             if on_done:
                 on_done(outcome)
             return outcome

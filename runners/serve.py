@@ -43,21 +43,22 @@ def forge_record() -> str:
     return str(beside) if beside.exists() else shutil.which("forge-record") or "forge-record"
 
 
-def upstream_recorder(out: Path, upstream: str, policy_version: str = "") -> Iterator[str]:
+def upstream_recorder(out: Path, upstream: str, policy_version: str = "", redact_rules: str = "") -> Iterator[str]:
     """`forge-record serve --upstream URL` (every API to one origin) for the duration; yields its URL."""
-    return recorder_process(out, ["--upstream", upstream], policy_version)
+    return recorder_process(out, ["--upstream", upstream], policy_version, redact_rules)
 
 
 def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
-                    policy_version: str = "") -> Iterator[str]:
+                    policy_version: str = "", redact_rules: str = "") -> Iterator[str]:
     """`forge-record serve --policy ...` for the duration; yields its URL."""
     return recorder_process(out, ["--policy", policy, "--tokenizer", tokenizer, "--served-model", served_model],
-                            policy_version)
+                            policy_version, redact_rules)
 
 
 @contextmanager
-def recorder_process(out: Path, options: list[str], policy_version: str = "") -> Iterator[str]:
+def recorder_process(out: Path, options: list[str], policy_version: str = "", redact_rules: str = "") -> Iterator[str]:
     """`forge-record serve OPTIONS` on a free loopback port, writing `out`, until the block ends; yields its URL.
+    `redact_rules`: a file of extra redaction regexes (`--redact-rules`).
 
     Bad input it reports (exit status 2) is a `UserError` with its message; any other failure to start a
     RuntimeError with its last log line.
@@ -66,6 +67,8 @@ def recorder_process(out: Path, options: list[str], policy_version: str = "") ->
     cmd = [forge_record(), "serve", *options, "--listen", f"127.0.0.1:{port}", "--out", str(out)]
     if policy_version:
         cmd += ["--policy-version", policy_version]
+    if redact_rules:
+        cmd += ["--redact-rules", redact_rules]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_ends_with_this_thread)
     log: deque[str] = deque(maxlen=20)

@@ -22,6 +22,7 @@ import duckdb
 import pytest
 
 from forgerl.runners.policy import PolicyVersionSource
+from forgerl.schema.records import decompress
 from forgerl.schema.store import data_files, read_table
 
 from runner_fixtures import (BENCH, NOVEL_ANSWER, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, alternating_script,
@@ -122,7 +123,33 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     r = forge_run(str(BENCH), "--harness", "codex", "--upstream", "http://127.0.0.1:9", "--task", "nope",
                   "--out", str(tmp_path / "d"))
     assert r.returncode == 2 and "no such task: nope" in r.stderr
+    (tmp_path / "rules").write_text("# ours\nACME-[0-9]+(\n")
+    for rules, said in ((tmp_path / "rules", "bad redaction rule 'ACME-[0-9]+('"), (tmp_path / "none", "none")):
+        r = forge_run(str(BENCH), "--harness", "codex", "--upstream", "http://127.0.0.1:9", "--task", NOVEL_TASK,
+                      "--redact-rules", str(rules), "--out", str(tmp_path / "d"))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_redact_rules_reach_the_recorder_and_the_outcomes(scripted, tmp_path):
+    """The user's rules mask what they match wherever forge-run writes it: in the requests the recorder it
+    started stored (the prompt) and in the outcome's final answer (the novel's title) and the harness's own
+    transcript (both)."""
+    prompt, title = b"back to writing", b"Borrowed Mind"
+    up = scripted(task_script)
+    out, rules = tmp_path / "data", tmp_path / "rules"
+    rules.write_text("# the prompt's words and the book's working title\nback\\s+to\\s+writing\nBorrowed\\s+Mind\n")
+    r = forge_run(str(BENCH), "--task", NOVEL_TASK, "--harness", "claude-code", "--upstream", up.url,
+                  "--redact-rules", str(rules), "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert any(prompt in e.body for e in up.log) and title.decode() in NOVEL_ANSWER  # there is something to mask
+    [row] = read_table(out, "outcomes").to_pylist()
+    extra = json.loads(row["extra"])
+    assert "The [REDACTED]" in extra["final_answer"]
+    assert "get [REDACTED]" in extra["harness_transcript"] and "The [REDACTED]" in extra["harness_transcript"]
+    assert prompt not in row["extra"].encode() and title not in row["extra"].encode()
+    requests = [decompress(c["request_raw"]) for c in read_table(out, "calls", ["request_raw"]).to_pylist()]
+    assert any(b"get [REDACTED]" in body for body in requests) and not any(prompt in body for body in requests)
 
 
 def test_policy_serve_mode_answers_the_harness_and_records_tokens(tmp_path):
