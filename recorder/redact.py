@@ -109,6 +109,10 @@ class Redactor:
     def path(self, path: str) -> str:
         return SECRET_QUERY.sub(rb"\1" + REDACTED.encode(), path.encode()).decode()
 
+    def text(self, text: str | None) -> str | None:
+        """`body` for text that is not a call's (what a runner keeps of a harness's own output)."""
+        return self.body(text.encode()).decode() if text else text
+
     def body(self, data: bytes | None) -> bytes | None:
         """Redact a body; spans of replay-critical opaque values are left byte-identical."""
         if not data:

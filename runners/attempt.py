@@ -149,13 +149,13 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     try:
         scores = grade_session(task, run, config.recorder_url)
     except NoCallsRecorded as e:
-        raise NoCallsRecorded(f"{e}; {how_it_ended(result)}") from None
+        raise NoCallsRecorded(f"{e}; {_how_it_ended(result)}") from None
     timings["grade"] = round(time.monotonic() - clock, 4)
     return Finished(scores, result, final_answer, ctx, sandbox.enforced, _timed_out(verdict, result, state),
                     notes={**(layout.outcome_notes(verdict) if layout else {}), **service_notes(state), **notes})
 
 
-def how_it_ended(result: Result, lines: int = 3, width: int = 600) -> str:
+def _how_it_ended(result: Result, lines: int = 3, width: int = 600) -> str:
     """The harness's exit and the end of its stderr: why a rollout that never reached the model failed."""
     how = "it ran out of time" if result.timed_out else f"it exited with status {result.returncode}"
     said = [line.strip() for line in result.stderr.splitlines() if line.strip()][-lines:]

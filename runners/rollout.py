@@ -23,7 +23,6 @@ them (`forge-run --redact-rules`, `BatchRunner.redactor`).
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import threading
@@ -123,11 +122,6 @@ def verdict_of(layout: Layout | None) -> Verdict | None:
 KEY_SHAPES = Redactor()  # the built-in patterns alone: no literals are added, so threads may share it
 
 
-def _masked(redactor: Redactor, text: str | None) -> str | None:
-    """`text` with secrets replaced, as the recorder does to bodies: harnesses print what they hold."""
-    return redactor.body(text.encode()).decode() if text else text
-
-
 @dataclass
 class Outcome:
     rollout: Rollout
@@ -155,9 +149,8 @@ class Outcome:
             status, error = ("success" if rollout.task.passes(reward) else "failed"), None
         return cls(rollout, session, harness, runner, status, t_start, now(), scores=scores, error=error, **kw)
 
-    def row(self, redactor: Redactor | None = None) -> dict:
-        """The `outcomes` row, its free text masked by `redactor` (default: the key patterns alone)."""
-        mask = functools.partial(_masked, redactor or KEY_SHAPES)
+    def row(self, redactor: Redactor = KEY_SHAPES) -> dict:
+        """The `outcomes` row, its free text masked by `redactor` (harnesses print what they hold)."""
         graded = self.rollout.task.reward(self.scores) if self.scores is not None else None
         return {
             "session_id": self.session,
@@ -171,11 +164,11 @@ class Outcome:
             "passed": self.rollout.task.passes(graded.reward) if graded else None,
             "scores": json.dumps(self.scores) if self.scores is not None else None,
             "graded": json.dumps(graded.graded) if graded else None,
-            "error": mask(self.error),
+            "error": redactor.text(self.error),
             "runner": self.runner,
             "t_start": self.t_start,
             "t_end": self.t_end,
-            "extra": mask(json.dumps(self.extra, ensure_ascii=False)) if self.extra else None,
+            "extra": redactor.text(json.dumps(self.extra, ensure_ascii=False)) if self.extra else None,
         }
 
 
