@@ -268,8 +268,9 @@ class Recorder:
             if not calls:
                 del self._open[call.session_id]
 
-    async def durable(self, session: str) -> int:
-        """How many of `session`'s calls are on disk, once none of them is still in flight (the flush barrier)."""
+    async def durable(self, session: str, now: bool = False) -> int:
+        """How many of `session`'s calls are on disk, once none of them is still in flight (the flush barrier);
+        written by the writer's next flush on its clock, or by one at once (`now`)."""
         if self.writer is None:
             raise LookupError("this proxy records nothing (forge_out is empty)")
         loop = asyncio.get_running_loop()
@@ -279,7 +280,7 @@ class Recorder:
                 raise TimeoutError(f"{len(self._open[session])} calls of session {session!r} still open "
                                    f"after {OPEN_CALLS_WAIT_S:.0f} s")
             await asyncio.sleep(0.01)
-        return await asyncio.wait_for(asyncio.wrap_future(self.writer.flush(session)), OPEN_CALLS_WAIT_S)
+        return await asyncio.wait_for(asyncio.wrap_future(self.writer.flush(session, now)), OPEN_CALLS_WAIT_S)
 
     def _writer_failed(self, failure: str) -> None:
         """Called from the writer client's thread: refuse calls for a moment, then stop the proxy."""

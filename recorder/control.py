@@ -4,9 +4,9 @@
                                        503 {"error": why} once they cannot be
     POST /_forge/sessions/<id>/flush   200 {"session": id, "calls": n} once every call of <id> the
                                        recorder has seen is on disk (files fsynced by the writer's next
-                                       flush, at most half a second on), the calls of <id>
-                                       still in flight waited for first; 503 after a recording failure,
-                                       504 if calls of <id> stay open
+                                       flush, at most half a second on; with ?now=1 one started at
+                                       once), the calls of <id> still in flight waited for first;
+                                       503 after a recording failure, 504 if calls of <id> stay open
 
 A runner grades a rollout from its recorded calls the moment the harness
 exits. The writer flushes on its own clock in another process, so without a
@@ -49,7 +49,7 @@ class Recording(Protocol):
     @property
     def failure(self) -> str | None: ...
 
-    def durable(self, session: str) -> Awaitable[int]: ...
+    def durable(self, session: str, now: bool = False) -> Awaitable[int]: ...
 
 
 # ------------------------------------------------------------------ the recorder's side
@@ -78,7 +78,8 @@ async def answer(flow: http.HTTPFlow, recording: Recording) -> None:
     elif len(parts) == 3 and parts[0] == SESSIONS and parts[1] and parts[2] == FLUSH and request.method == "POST":
         session = unquote(parts[1])
         try:
-            flow.response = _json(200, {"session": session, "calls": await recording.durable(session)})
+            calls = await recording.durable(session, now=request.query.get("now") == "1")
+            flow.response = _json(200, {"session": session, "calls": calls})
         except RecorderFailure as e:
             flow.response = refusal(str(e))
         except TimeoutError as e:
@@ -142,6 +143,8 @@ class RecorderControl:
                 raise RuntimeError(f"recorder at {self.url} not ready after {timeout:.0f} s")
             time.sleep(0.05)
 
-    def flush(self, session: str) -> int:
-        """Block until every call of `session` is on disk; how many there are."""
-        return int(self._call("POST", f"{PREFIX}{SESSIONS}/{quote(session, safe='')}/{FLUSH}")["calls"])
+    def flush(self, session: str, now: bool = False) -> int:
+        """Block until every call of `session` is on disk, by the writer's next flush on its clock or one at once
+        (`now`: nothing else keeps the machine busy meanwhile); how many there are."""
+        path = f"{PREFIX}{SESSIONS}/{quote(session, safe='')}/{FLUSH}" + ("?now=1" if now else "")
+        return int(self._call("POST", path)["calls"])

@@ -147,10 +147,11 @@ class WriterClient:
         """The call is over (`call.finish` was called); record it."""
         self._events.append(("finish", call, user_agent))
 
-    def flush(self, session: str) -> Future:
+    def flush(self, session: str, now: bool = False) -> Future:
         """Make every call of `session` handed over so far durable; the future gets how many there are.
 
-        It fails with `RecorderFailure` if the writer process fails first.
+        The writer flushes on its clock, or at once with `now` (`Flusher.request`). It fails with
+        `RecorderFailure` if the writer process fails first.
         """
         future: Future = Future()
         token = next(self._tokens)
@@ -159,7 +160,7 @@ class WriterClient:
                 future.set_exception(RecorderFailure(self.failure))
                 return future
             self._acks[token] = future
-        self._events.append(("flush", None, (token, session)))
+        self._events.append(("flush", None, (token, session, now)))
         self._wake.set()  # not a tick later: the runner is waiting
         return future
 
@@ -264,28 +265,35 @@ class Flusher:
 
     A barrier (`request`) is acknowledged after the clock's next flush that
     starts after it returned (at most `interval` later), so the calls counted
-    for it are on disk (each file fsynced, then renamed). It never brings a
-    flush forward: each flush writes a file per table whatever it holds, so a
-    flush per barrier made the writer's work grow with the rollouts graded
-    (about a rollout's 1 % of CPU at 4 harnesses on 2 cores), while on the
-    clock the barriers of many rollouts share one. A runner grades off its
-    harness's slot, so the wait costs a rollout latency, not throughput. A
-    failed flush is final: the rows it held are lost, so it is reported and
-    the process exits non-zero, and the proxy stops forwarding.
+    for it are on disk (each file fsynced, then renamed). Only a barrier asked
+    `now` brings a flush forward: each flush writes a file per table whatever
+    it holds, so a flush per barrier made the writer's work grow with the
+    rollouts graded (about a rollout's 1 % of CPU at 4 harnesses on 2 cores),
+    while on the clock the barriers of many rollouts share one. A runner
+    grades off its harness's slot, so the wait costs a rollout latency, not
+    throughput, while its other harnesses keep the machine busy; once a
+    harness slot is free (a batch's last rollouts) it asks `now`, since then
+    the machine would wait out the clock idle. A failed flush is final: the
+    rows it held are lost, so it is reported and the process exits non-zero,
+    and the proxy stops forwarding.
     """
 
     def __init__(self, writer, channel: BinaryIO, interval: float = FLUSH_INTERVAL_S):
         self.writer, self.channel, self.interval = writer, channel, interval
         self._pending: list[tuple[int, int]] = []
         self._wake = threading.Condition()
-        self._stop = False
+        self._stop = self._now = False
         self._thread = threading.Thread(target=self._run, name="forgerl-flusher", daemon=True)
         self._thread.start()
 
-    def request(self, token: int, calls: int) -> None:
-        """Acknowledge `token` with `calls` once everything added so far is on disk."""
+    def request(self, token: int, calls: int, now: bool = False) -> None:
+        """Acknowledge `token` with `calls` once everything added so far is on disk: after the clock's next flush,
+        or one started at once (`now`)."""
         with self._wake:
             self._pending.append((token, calls))
+            if now:
+                self._now = True
+                self._wake.notify()
 
     def stop(self) -> None:
         with self._wake:
@@ -296,9 +304,9 @@ class Flusher:
     def _run(self) -> None:
         while True:
             with self._wake:
-                self._wake.wait_for(lambda: self._stop, self.interval)
+                self._wake.wait_for(lambda: self._stop or self._now, self.interval)
                 pending, self._pending = self._pending, []
-                stopping = self._stop
+                stopping, self._now = self._stop, False
             try:
                 self.writer.flush()
             except Exception as e:
@@ -321,10 +329,10 @@ class CallSink:
     """Rebuilds calls from messages and records them; runs in the writer process.
 
     `recorded` counts each session's calls handed to the writer, which a
-    flush barrier (`barrier(token, calls)`) reports once they are on disk.
+    flush barrier (`barrier(token, calls, now)`) reports once they are on disk.
     """
 
-    def __init__(self, writer, barrier: Callable[[int, int], None]) -> None:
+    def __init__(self, writer, barrier: Callable[[int, int, bool], None]) -> None:
         from .redact import Redactor
 
         self.writer = writer
@@ -352,8 +360,8 @@ class CallSink:
             call.update(state, data)
             self._record(call, user_agent)
         elif kind == "flush":
-            _, token, session = message
-            self.barrier(token, self.recorded[session])
+            _, token, session, now = message
+            self.barrier(token, self.recorded[session], now)
         else:
             raise ValueError(f"unknown message {kind!r}")
 

@@ -7,13 +7,15 @@ either. The phases, in order:
 1. set-up: the workspace (`prepare_workspace`), the task's layout (fixed
    paths and a verifier: Harbor tasks), the sandbox, the harness's command,
    and the jail confined with the task's services up (`Sandbox.confine`);
-2. run: the harness, under `slot` (the local runner's bound on harnesses
+2. run: the harness, under `slots` (the local runner's bound on harnesses
    running at once); for a task with a persona and a user model, once per
    round of the dialogue with its simulated user (`simulated_user.py`), each
    round a jail of its own resuming the harness's session in the same
    workspace and HOME, the agent's time shared by all rounds;
 3. collect: the verifier's verdict, the final answer, the services' state;
-4. grade: once the recorder has the session's calls on disk (`grade_session`).
+4. grade: once the recorder has the session's calls on disk (`grade_session`);
+   a grade() that reads files alone has been run by the jail already, once
+   the harness ended (`Task.jail_grader`), and is taken from there.
 
 What differs stays with the caller: the local runner adds its harness slot,
 phase timings and the harness's own transcript to the outcome; the pod reads
@@ -24,13 +26,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .grading import GradeInput, Judge
+from .grading import GRADER_TIMEOUT_S, GradeInput, Judge
 from .harnesses import Harness, RunContext
-from .rollout import InfraError, NoCallsRecorded, grade_session, prepare_workspace, verdict_of
+from .rollout import HarnessSlots, InfraError, NoCallsRecorded, grade_session, prepare_workspace, verdict_of
 from .sandbox import Result, Sandbox
 from .services import WALL_CLOCK_GRACE_S, service_notes
 from .simulated_user import SimulatedUser, UserModel, UserModelError, hold_dialogue
@@ -83,7 +85,7 @@ class Finished:
 
 
 def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Path,
-                slot: AbstractContextManager = nullcontext(), timings: dict[str, float] | None = None) -> Finished:
+                slots: HarnessSlots | None = None, timings: dict[str, float] | None = None) -> Finished:
     """Set up, run, collect and grade one try of `task` in `rollout_dir` (InfraError: not the agent's fault).
 
     `timings`, if given, gets each phase's seconds (model time is inside `harness`).
@@ -100,6 +102,10 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     # In a pod the NetworkPolicy isolates the network: namespaces only where the task needs them.
     isolate = bool(layout or task.services) if config.in_pod else config.isolate_network
     runs: list[tuple[Result, Sandbox, RunContext]] = []
+    dialogue = bool(task.persona and config.user)
+    # A grade() that reads files alone runs in the (single) jail after the harness: no process of its own.
+    grade = ({"code": task.jail_grader, "workspace": str(workspace)}
+             if task.jail_grader and not dialogue and layout is None else None)
 
     def run_harness(reply: str | None) -> str | None:
         """One run of the harness in a jail of its own: on the prompt, or with `reply` resuming its session; its
@@ -114,21 +120,22 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
             env = config.base_env | (layout.env if layout else {}) | harness_env
             try:  # confined before a harness slot frees, so the harness starts the moment one does
                 sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
-                                harness_timeout_s=left, services=task.services)
+                                harness_timeout_s=left, services=task.services, grade=grade)
                 _add(timings, "setup", (clock if not runs else start), time.monotonic())
                 start = time.monotonic()
                 # 2. run the harness
-                with slot:
+                with slots or nullcontext():
                     _add(timings, "queued", start, time.monotonic())
                     result = sandbox.run(_wall_clock_s(task, layout, left))
             except OSError as e:
                 raise InfraError(f"sandbox failed to start: {e}") from None
+            result = replace(result, grade=sandbox.graded(GRADER_TIMEOUT_S))
         runs.append((result, sandbox, ctx))
         answer = config.harness.final_answer(result.stdout, ctx)
         return None if result.returncode or result.timed_out else answer
 
     notes: dict = {}
-    if task.persona and config.user:
+    if dialogue:
         try:
             notes["user_agent"] = hold_dialogue(run_harness, task.persona, SimulatedUser(config.user)).meta()
         except UserModelError as e:
@@ -145,9 +152,9 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     state = sandbox.service_state()
     # 4. grade
     run = GradeInput(config.dataset, session, workspace, final_answer, verdict=verdict,
-                     service_state=state.get("services", {}), judge=config.judge)
+                     service_state=state.get("services", {}), judge=config.judge, jail_grade=result.grade)
     try:
-        scores = grade_session(task, run, config.recorder_url)
+        scores = grade_session(task, run, config.recorder_url, now=bool(slots and slots.spare()))
     except NoCallsRecorded as e:
         raise NoCallsRecorded(f"{e}; {_how_it_ended(result)}") from None
     timings["grade"] = round(time.monotonic() - clock, 4)

@@ -32,6 +32,10 @@ process group to kill), then the job's answer, a line each:
   the client's `GO` byte, `{"returncode": N}` once the harness has exited
   (`jail.run_confined`). So a runner can confine the next rollout while a
   slot is still busy, and start its harness at once when the slot frees.
+  With a `grade` in the spec ({"code", "workspace"}: a grade() that reads
+  files alone), the jail then runs it itself, once nothing the harness
+  started is left running, and answers `{"grade": {...}}` as a grade job
+  does: a rollout's grade costs no process of its own.
 - `{"job": "grade", "code", "transcript", "workspace"}`: `{"ok": true,
   "scores": {...}}` or `{"ok": false, "error": "..."}`.
 - `{"job": "call", "function": "module:name", "args": {...}, "cwd"}`: the
@@ -136,16 +140,17 @@ class Forked:
 
 def fork_grade(request: dict, timeout: float) -> dict:
     """The child's answer to `request` ({"code", "transcript", "workspace"}); ForkError past `timeout` s."""
-    return _answer_within(Forked({"job": "grade", **request}), timeout)
+    return answer_within(Forked({"job": "grade", **request}), timeout)
 
 
 def fork_call(function: str, args: dict, cwd: str, timeout: float) -> dict:
     """`function` ("module:name", JSON in and out) called with `args` in a child working in `cwd`: its answer
     ({"ok": true, "result"} or {"ok": false, "error"}); ForkError past `timeout` s."""
-    return _answer_within(Forked({"job": "call", "function": function, "args": args, "cwd": cwd}), timeout)
+    return answer_within(Forked({"job": "call", "function": function, "args": args, "cwd": cwd}), timeout)
 
 
-def _answer_within(job: Forked, timeout: float) -> dict:
+def answer_within(job: Forked, timeout: float) -> dict:
+    """The job's (next) answer, then it is closed; ForkError (the job killed) past `timeout` s."""
     try:
         answer = job.answer(timeout)
         if answer is None:
@@ -199,7 +204,12 @@ def _jail(request: dict, fds: list[int], conn: socket.socket) -> dict:
         return conn.recv(1) == GO
 
     stdout, stderr = fds
-    return {"returncode": run_confined(JailSpec(**request), stdout, stderr, conn, ready)}
+    spec = JailSpec(**request)
+    returncode = run_confined(spec, stdout, stderr, conn, ready)
+    if spec.grade is None:
+        return {"returncode": returncode}
+    conn.sendall(json.dumps({"returncode": returncode}).encode() + b"\n")
+    return {"grade": _grade({**spec.grade, "transcript": []}, fds, conn)}
 
 
 JOBS = {"grade": _grade, "call": _call, "jail": _jail}

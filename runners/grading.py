@@ -5,7 +5,11 @@ of its own (forked from a warm server, `forkserver.py`) with the workspace as
 its working directory and a time limit: a grader that hangs or crashes
 cannot take the runner with it. The local runner and the
 Kubernetes pod entry both call `grade_workspace`, so a task is graded the same
-way wherever it ran.
+way wherever it ran. A grade() that reads files alone (`reads_transcript`) is
+run by the rollout's jail instead, once the harness has ended and nothing it
+started is left (`Task.jail_grader`): the same call, with the harness's
+confinement (no network but the recorder, its cgroup), and no process of its
+own; `scores_of` reads either answer.
 
 Scoring follows QwenClawBench (`scripts/lib_grading.py`): the automated score
 is the plain mean of the values `grade()` returns; a hybrid task weights its
@@ -63,6 +67,7 @@ class GradeInput:
     final_answer: str | None = None  # the harness's last answer to the user, from its own output
     service_state: dict[str, object] = field(default_factory=dict)  # service name -> what its state endpoints returned
     verdict: Verdict | None = None  # what a verifier run after the agent left (`verifier.py`), if the task has one
+    jail_grade: dict | None = None  # grade()'s answer when the jail ran it after the harness (`Task.jail_grader`)
     judge: Judge | None = None  # for the LLM-judged parts of a grade; None: they are reported as not graded
 
     @cached_property
@@ -88,6 +93,12 @@ def grade_workspace(task: Task, transcript: list, workspace: Path, timeout: floa
         answer = fork_grade({"code": task.grader, "transcript": transcript, "workspace": str(workspace)}, timeout)
     except ForkError as e:
         raise GradingError(f"grade() {e}") from None
+    return scores_of(answer)
+
+
+def scores_of(answer: dict) -> dict[str, float]:
+    """The scores in a grade's answer ({"ok", "scores"|"error"}: a grade child's or a jail's); GradingError if it
+    failed."""
     if not answer["ok"]:
         raise GradingError(f"grade() failed: {answer['error']}")
     return answer["scores"]

@@ -1,4 +1,5 @@
-"""The first process of a rollout: joins the rollout's cgroup, sets limits, opens the recorder bridge, runs the harness.
+"""The first process of a rollout: joins the rollout's cgroup, sets limits, opens the recorder bridge, runs the harness
+(and, where asked, a grade() that reads files alone after it: `forkserver`'s jail job).
 
 `run_confined` runs in a fresh child of the warm fork server
 (`forkserver.py`), so a rollout pays a fork, not a Python start-up (about
@@ -38,7 +39,7 @@ from .bridge import connector_from, forward
 from .mountns import enter_root
 from .namespaces import CLONE_NEWNET, CLONE_NEWPID, LIBC, open_namespace, unshare
 from .services import ServiceStage
-from .verifier import VerifierStage, run_stage, snapshot
+from .verifier import VerifierStage, kill_namespace, run_stage, snapshot
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _SIOCSIFADDR, _SIOCSIFNETMASK = 0x8916, 0x891C
@@ -68,6 +69,9 @@ class JailSpec:
     # their state endpoints are read into `state_file` afterwards. Needs the namespaces (a bridge).
     services: list[dict] = field(default_factory=list)
     state_file: str = ""
+    # Optional: {"code", "workspace"}, a grade() that reads files alone, run by the jail once the harness has ended
+    # (`forkserver`'s jail job), so a rollout's grade costs no process of its own.
+    grade: dict | None = None
 
 
 def loopback_up() -> None:
@@ -171,7 +175,8 @@ def kill_descendants() -> None:
 
 def run_confined(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket,
                  ready: Callable[[], bool]) -> int:
-    """Confine this (freshly forked) process, run the harness in it, and return the harness's status.
+    """Confine this (freshly forked) process, run the harness in it, and return the harness's status once
+    nothing the harness started is left running.
 
     Once confined it calls `ready()`, which returns when the harness may
     start (False: never; the runner is gone). `runner` is the connection to
@@ -205,7 +210,9 @@ def _pid_one(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket, re
     listener = socket.create_server(("127.0.0.1", spec.bridge_port), backlog=256)
     connect = connector_from(outside, open_namespace("net"), spec.recorder_host, spec.recorder_port)
     forward(listener, connect)
-    return _with_services(spec, lambda go: _confined_run(spec, stdout, stderr, runner, go), ready, stderr, runner)
+    code = _with_services(spec, lambda go: _confined_run(spec, stdout, stderr, runner, go), ready, stderr, runner)
+    kill_namespace()  # what the harness left (daemons included), before anything else looks at its workspace
+    return code
 
 
 def _with_services(spec: JailSpec, body: Callable[[Callable[[], bool]], int], ready: Callable[[], bool],

@@ -30,7 +30,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -82,16 +81,17 @@ def prepare_workspace(task: Task, workspace: Path) -> None:
         raise InfraError(f"workspace setup failed: {e}") from None
 
 
-def durable_calls(recorder_url: str, dataset: Path, session: str) -> int:
+def durable_calls(recorder_url: str, dataset: Path, session: str, now: bool = False) -> int:
     """Once the recorder acknowledges the session's calls on disk, how many: InfraError for none.
 
     Every call was answered before the harness exited, but the recorder's
     writer (another process) may still hold the last ones; grading on the
     call before the last would see a transcript without the final answer.
     A rollout with no recorded call never reached the model: nothing to grade.
+    `now`: the recorder flushes at once instead of on its clock (`HarnessSlots.spare`).
     """
     try:
-        acknowledged = RecorderControl(recorder_url).flush(session)
+        acknowledged = RecorderControl(recorder_url).flush(session, now)
     except BarrierError as e:
         raise InfraError(f"recorder flush barrier: {e}") from None
     if acknowledged == 0:
@@ -102,9 +102,10 @@ def durable_calls(recorder_url: str, dataset: Path, session: str) -> int:
     return acknowledged
 
 
-def grade_session(task: Task, run: GradeInput, recorder_url: str) -> dict[str, float]:
-    """The task's scores for a finished rollout, once the recorder has its calls on disk."""
-    durable_calls(recorder_url, run.dataset, run.session)
+def grade_session(task: Task, run: GradeInput, recorder_url: str, now: bool = False) -> dict[str, float]:
+    """The task's scores for a finished rollout, once the recorder has its calls on disk (flushed at once with
+    `now`)."""
+    durable_calls(recorder_url, run.dataset, run.session, now)
     try:
         return task.score(run)
     except GradingError as e:
@@ -117,6 +118,35 @@ def verdict_of(layout: Layout | None) -> Verdict | None:
         return layout.verdict() if layout else None
     except OSError as e:
         raise InfraError(str(e)) from None
+
+
+class HarnessSlots:
+    """At most `width` harnesses running at once (`with slots:` around each), and whether one is spare now.
+
+    A spare slot means no harness was waiting to start: nothing else keeps
+    the machine busy (a batch's last rollouts), so a rollout finishing then
+    asks the recorder's flush barrier to flush at once, rather than wait out
+    the writer's clock (up to half a second) with the machine idle.
+    """
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._free = threading.BoundedSemaphore(width)
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._free.acquire()
+        with self._lock:
+            self._running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._running -= 1
+        self._free.release()
+
+    def spare(self) -> bool:
+        return self._running < self.width
 
 
 KEY_SHAPES = Redactor()  # the built-in patterns alone: no literals are added, so threads may share it
@@ -193,7 +223,7 @@ class BatchRunner:
     retry_backoff_s: float = 0.0
     pipelined: bool = False
     redactor: Redactor = KEY_SHAPES  # masks each outcome's free text before it is written
-    harness_slot: AbstractContextManager = nullcontext()  # a semaphore of `parallel` while `run` runs
+    harness_slot: HarnessSlots | None = None  # `parallel` of them while `run` runs
 
     def attempt(self, rollout: Rollout, session: str) -> Outcome:
         """One try under a fresh session; raise InfraError when it was not the agent's fault."""
@@ -211,7 +241,7 @@ class BatchRunner:
         self.before_batch()
         prefer_system_allocator()  # the rollouts' reads run on many threads
         width = max(1, self.parallel)
-        self.harness_slot = threading.BoundedSemaphore(width)
+        self.harness_slot = HarnessSlots(width)
         stopped = threading.Event()
 
         def one(rollout: Rollout) -> Outcome | None:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .forkserver import Forked, ForkError
+from .forkserver import Forked, ForkError, answer_within
 from .jail import JailSpec
 from .services import Service, read_state
 from .verifier import Layout
@@ -82,6 +82,7 @@ class Result:
     stdout: str
     stderr: str
     seconds: float
+    grade: dict | None = None  # the jail's own grade() answer ({"ok", "scores"|"error"}), if it ran one
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Sandbox:
     _cgroup: Path | None = None
     _job: Forked | None = None
     _output: _Output | None = None
+    _grading: bool = False  # the jail grades after the harness: its job stays open for that answer
 
     def __post_init__(self) -> None:
         self.netns = self.isolate_network and can_unshare()
@@ -138,11 +140,13 @@ class Sandbox:
 
     def confine(self, argv: list[str], env: dict[str, str], cwd: Path, *, cpu_s: int, memory_mb: int,
                 layout: Layout | None = None, harness_timeout_s: float = 0.0,
-                services: tuple[Service, ...] = ()) -> None:
+                services: tuple[Service, ...] = (), grade: dict | None = None) -> None:
         """Make the jail (namespaces, bridge, cgroup) and leave it waiting for `run`: OSError if it cannot.
 
         A `layout` (fixed paths in a mount namespace, a verifier after the harness) needs the namespaces;
         `harness_timeout_s` is then kept by the jail, so the verifier still runs after an agent timeout.
+        A `grade` ({"code", "workspace"}: a grade() that reads files alone) is run by the jail itself once the
+        harness has ended, with the harness's confinement; `graded` has its answer.
         """
         if memory_mb > 0:  # 0: no memory limit (and no cgroup)
             self._make_cgroup(memory_mb)
@@ -156,6 +160,7 @@ class Sandbox:
             self.enforced.append(f"mount namespace: {', '.join(t for t, _ in layout.binds)} of the rollout's own"
                                  + ("; verifier after the agent, in a fresh /logs/verifier" if layout.verifier else ""))
         wait_s = CONFINE_TIMEOUT_S + self._services(spec, services, harness_timeout_s)
+        spec.grade, self._grading = grade, grade is not None
         self._output = _Output()
         self._job = Forked({"job": "jail", **asdict(spec)}, self._output.fds, pid_one=bool(spec.bridge_port))
         try:
@@ -198,10 +203,23 @@ class Sandbox:
         except (ForkError, OSError) as e:
             raise OSError(f"the jail died without a status: {e}") from None
         finally:
-            self._end_job(answer)
+            if answer is None or not self._grading:
+                self._end_job(answer)
         stdout, stderr = self._output.read()
         return Result(returncode=None if answer is None else answer["returncode"], timed_out=answer is None,
                       stdout=stdout, stderr=stderr, seconds=time.monotonic() - start)
+
+    def graded(self, timeout_s: float) -> dict | None:
+        """The answer of the grade the jail ran after the harness ({"ok", "scores"|"error"}); None when it ran none
+        (none was asked for, or the harness did not end on its own). A jail past `timeout_s` is killed."""
+        job = self._job if self._grading else None
+        if job is None:
+            return None
+        self._job = None
+        try:
+            return answer_within(job, timeout_s)["grade"]
+        except ForkError as e:
+            return {"ok": False, "error": str(e)}
 
     def release(self) -> None:
         """Kill the jail's process group if it is still there, then drop the cgroup (once)."""

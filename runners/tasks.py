@@ -46,7 +46,7 @@ import yaml
 
 from forgerl.errors import UserError
 
-from .grading import GradeInput, Reward, combine, grade_workspace, reads_transcript
+from .grading import GradeInput, Reward, combine, grade_workspace, reads_transcript, scores_of
 from .harnesses.base import McpServer
 from .services import Service
 from .simulated_user import Persona
@@ -95,8 +95,18 @@ class Task:
 
     def score(self, run: GradeInput) -> dict[str, float]:
         """Per-check scores of one finished rollout: by default `grade(transcript, workspace)` in a child; the
-        rollout's calls are read back for the transcript only if grade() may look at it."""
+        rollout's calls are read back for the transcript only if grade() may look at it. A grade the rollout's
+        jail ran (`jail_grader`) is taken as it is."""
+        if run.jail_grade is not None:
+            return scores_of(run.jail_grade)
         return grade_workspace(self, run.transcript if self.grader_reads_transcript else [], run.workspace)
+
+    @cached_property
+    def jail_grader(self) -> str:
+        """The grader a rollout's jail may run itself once the harness has ended ("": none): the default `score`'s
+        grade(), when it reads files alone (it would be handed an empty transcript anyway). Saves the grade a
+        process of its own, about 3 ms of CPU a rollout."""
+        return self.grader if type(self).score is Task.score and not self.grader_reads_transcript else ""
 
     @cached_property
     def grader_reads_transcript(self) -> bool:

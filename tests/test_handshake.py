@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -24,10 +25,10 @@ import pytest
 from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from scripted_upstream import ScriptedUpstream, Turn, sequence
-from forgerl.recorder.writer_process import Flusher, RecorderFailure
+from forgerl.recorder.writer_process import FLUSH_INTERVAL_S, Flusher, RecorderFailure
 from forgerl.schema import sessions
 from forgerl.runners.local import LocalRunner
-from forgerl.runners.rollout import Rollout
+from forgerl.runners.rollout import HarnessSlots, Rollout
 from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter, data_files, read_table
 
@@ -245,6 +246,68 @@ def test_barriers_ride_the_flush_clock_and_share_its_flushes(tmp_path):
     assert taken and not any(taken)  # the clock's flushes snapshotted the open call (as unfinished)
     writer.untrack("open-call")
     writer.close()
+
+
+def test_a_barrier_asked_now_is_flushed_at_once_and_the_others_ride_the_clock(tmp_path):
+    """`now` (a runner with a harness slot spare: nothing else keeps the machine busy) starts a flush at once, which
+    answers every barrier waiting; a barrier asked without it waits for the clock."""
+    writer = DatasetWriter(tmp_path / "data", flush_interval=None)
+    acks, channel = os.pipe()
+    with os.fdopen(acks, "rb") as answers, os.fdopen(channel, "wb") as out:
+        flusher = Flusher(writer, out, interval=30)
+        flusher.request(1, 1)
+        start = time.monotonic()
+        flusher.request(2, 5, now=True)
+        assert [json.loads(answers.readline()) for _ in range(2)] == [{"flushed": 1, "calls": 1},
+                                                                      {"flushed": 2, "calls": 5}]
+        assert time.monotonic() - start < 10
+        flusher.request(3, 1)
+        assert select.select([answers], [], [], 0.5)[0] == []  # the clock's next flush is 30 s away
+        flusher.stop()
+        assert json.loads(answers.readline()) == {"flushed": 3, "calls": 1}
+    writer.close()
+
+
+def test_barriers_asked_now_through_the_recorder_do_not_wait_for_its_clock(stack):
+    """Six barriers one after another: on the writer's clock each waits about its half second; asked now, none
+    does, and each still counts the session's calls on disk."""
+    root, _, rec = stack
+    session = f"now-{uuid.uuid4().hex[:6]}"
+    assert httpx.post(f"{rec.config.url}/s/{session}/v1/chat/completions", json=CHAT, timeout=30).status_code == 200
+    control = RecorderControl(rec.config.url)
+
+    def six(now: bool) -> float:
+        start = time.monotonic()
+        assert [control.flush(session, now=now) for _ in range(6)] == [1] * 6
+        return time.monotonic() - start
+
+    assert six(now=False) > 6 * 0.6 * FLUSH_INTERVAL_S  # each waits for the clock's next tick
+    assert six(now=True) < 6 * 0.4 * FLUSH_INTERVAL_S
+    assert len(session_calls_on_disk(root, session)) == 1
+
+
+def test_the_runner_asks_now_only_with_a_harness_slot_spare(stack, tmp_path, monkeypatch):
+    """One rollout with two slots: its barrier is asked now (the batch waits on it with the machine idle); the
+    slots say spare exactly while fewer harnesses run than there are slots."""
+    slots = HarnessSlots(2)
+    assert slots.spare()
+    with slots:
+        assert slots.spare()
+        with slots:
+            assert not slots.spare()
+        assert slots.spare()
+    asked: list[bool] = []
+    flush = RecorderControl.flush
+    monkeypatch.setattr(RecorderControl, "flush", lambda self, session, now=False: (asked.append(now),
+                                                                                    flush(self, session, now))[1])
+    root, _, rec = stack
+    [task] = load_tasks(toml_task(tmp_path / "tasks", "hs", "return {'a': 1.0}"))
+    runner = LocalRunner(PythonHarness(code=CALL_MODEL), rec.config.url, root, parallel=2, retries=0,
+                         workdir=tmp_path)
+    with DatasetWriter(root, source="runner") as writer:
+        [outcome] = runner.run([Rollout(task, 0)], writer)
+    assert outcome.status == "success", outcome.error
+    assert asked == [True]
 
 
 def test_a_recorder_forge_run_started_goes_with_it(tmp_path):

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
+from forgerl.runners import grading
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.sandbox import can_unshare, own_memory_cgroup
@@ -110,6 +111,28 @@ def test_a_child_that_escapes_the_process_group_is_killed(stack, isolate, memory
     assert rollout_processes(marker) == [], "a child outlived its rollout"
     if memory_mb == 0:
         assert not any("memory" in e for e in outcome.extra["enforced"])
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "no-namespaces"])
+def test_a_grade_that_reads_files_alone_is_run_by_the_jail_once_nothing_of_the_harness_is_left(stack, isolate,
+                                                                                                monkeypatch):
+    """No grade process of its own (3-4 ms of CPU a rollout), and nothing the harness left running (here a daemon
+    in a session of its own) is there to change the workspace under the grade: it is killed first."""
+    monkeypatch.setattr(grading, "fork_grade", lambda *a, **k: pytest.fail("graded in a process of its own"))
+    code = ("import pathlib, subprocess\n"
+            "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+            "pathlib.Path('daemon.pid').write_text(str(p.pid))\n")
+    grader = ("import os\n"
+              "try:\n    os.kill(int((ws / 'daemon.pid').read_text()), 0)\n    gone = 0.0\n"
+              "except ProcessLookupError:\n    gone = 1.0\n"
+              "return {'daemon_gone': gone}")
+    outcome, _ = run(stack, code, isolate=isolate, grader=grader)
+    assert outcome.status == "success" and outcome.scores == {"daemon_gone": 1.0}, (outcome.error, outcome.scores)
+
+
+def test_a_grade_that_fails_in_the_jail_is_an_infra_error(stack):
+    outcome, _ = run(stack, "", grader="raise KeyError('boom')")
+    assert outcome.status == "infra_error" and "grade() failed: KeyError: 'boom'" in outcome.error
 
 
 @pytest.mark.skipif(not can_unshare(), reason="no network namespaces on this machine (see runners/README.md)")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, fields
 
 import pytest
 
 from forgerl.runners import grading
 from forgerl.runners.grade_code import run_grade
 from forgerl.runners.grading import NOT_GRADED, GradeInput, GradingError, combine, grade_workspace, reads_transcript
-from forgerl.runners.tasks import TaskError, find_task, load_tasks
+from forgerl.runners.tasks import Task, TaskError, find_task, load_tasks
 from forgerl.runners.transcript import openclaw_events
 from forgerl.schema.messages import Message, Part
 
@@ -188,3 +189,18 @@ def test_a_grader_forks_from_the_small_server_without_the_dataset_reader(tmp_pat
     body = f"import sys\nreturn {{'small': float(not any(m.startswith({heavy}) for m in sys.modules))}}"
     task = load_tasks(toml_task(tmp_path / "t", "g", body))[0]
     assert grade_workspace(task, [], tmp_path) == {"small": 1.0}
+
+
+def test_only_a_grade_that_reads_files_alone_is_left_to_the_jail(tmp_path):
+    """`Task.jail_grader`: the default `score`'s grade() when it cannot look at the transcript; a grader that may
+    read it waits for the recorded calls, and a kind with a `score` of its own grades its own way."""
+    files = load_tasks(toml_task(tmp_path / "f", "f", "return {'a': float((ws / 'x').exists())}"))[0]
+    reads = load_tasks(toml_task(tmp_path / "r", "r", "return {'a': float(bool(transcript))}"))[0]
+    assert files.jail_grader == files.grader and reads.jail_grader == ""
+
+    @dataclass(frozen=True)
+    class OwnScore(Task):
+        def score(self, run):
+            return {"own": 1.0}
+
+    assert OwnScore(**{f.name: getattr(files, f.name) for f in fields(Task)}).jail_grader == ""
