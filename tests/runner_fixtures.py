@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from forgerl.recorder.control import RecorderControl
 from forgerl.runners.harnesses import Harness, RunContext
 
 from scripted_upstream import Request, Script, ToolCall, Turn, saw_tool_result
@@ -346,3 +347,16 @@ def processes_in(folder: Path) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def barriers_asked_now(monkeypatch) -> list[bool]:
+    """Each flush barrier's `now` as runners ask it (the barriers still reach the recorder)."""
+    asked: list[bool] = []
+    flush = RecorderControl.flush
+
+    def spied(self, session: str, now: bool = False) -> int:
+        asked.append(now)
+        return flush(self, session, now)
+
+    monkeypatch.setattr(RecorderControl, "flush", spied)
+    return asked

@@ -32,7 +32,7 @@ from forgerl.runners.rollout import HarnessSlots, Rollout
 from forgerl.runners.tasks import load_tasks
 from forgerl.schema.store import DatasetWriter, data_files, read_table
 
-from runner_fixtures import CALL_MODEL, PythonHarness, toml_task
+from runner_fixtures import CALL_MODEL, PythonHarness, barriers_asked_now, toml_task
 from test_recorder_durability import child_pids, wait_gone
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -296,10 +296,7 @@ def test_the_runner_asks_now_only_with_a_harness_slot_spare(stack, tmp_path, mon
         with slots:
             assert not slots.spare()
         assert slots.spare()
-    asked: list[bool] = []
-    flush = RecorderControl.flush
-    monkeypatch.setattr(RecorderControl, "flush", lambda self, session, now=False: (asked.append(now),
-                                                                                    flush(self, session, now))[1])
+    asked = barriers_asked_now(monkeypatch)
     root, _, rec = stack
     [task] = load_tasks(toml_task(tmp_path / "tasks", "hs", "return {'a': 1.0}"))
     runner = LocalRunner(PythonHarness(code=CALL_MODEL), rec.config.url, root, parallel=2, retries=0,

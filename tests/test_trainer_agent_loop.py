@@ -23,7 +23,7 @@ from forgerl.schema.store import read_table
 from forgerl.trainer.agent_loop import HarnessAgentLoop
 
 from convert_fixtures import convert, rows
-from runner_fixtures import toml_task
+from runner_fixtures import barriers_asked_now, toml_task
 from serve_fixtures import TinyLM, TinyServerManager, tiny_model
 
 pytestmark = pytest.mark.slow
@@ -51,10 +51,12 @@ def test_registered():
     assert _agent_loop_registry["forgerl_harness"] == {"_target_": "forgerl.trainer.agent_loop.HarnessAgentLoop"}
 
 
-def test_run_returns_the_recorded_tokens(lm, tmp_path):
+def test_run_returns_the_recorded_tokens(lm, tmp_path, monkeypatch):
     task = toml_task(tmp_path / "tasks", "touch", "return {'answered': 0.25}", prompt="say hi")
     loop = agent_loop(lm, tmp_path)
+    asked = barriers_asked_now(monkeypatch)
     out = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"task_path": str(task)}, raw_prompt=[]))
+    assert asked == [True]  # its own recorder: the barrier does not wait for the writer's clock
     served = loop.server_manager.calls
     assert served, "the harness never reached the policy"
     calls = read_table(tmp_path / "data", "calls")

@@ -17,7 +17,8 @@ logprobs, and the task's reward.
   turns.
 - The sample is read from this rollout's calls alone (`session_rows`), once
   the runner's flush barrier has made them durable: its cost does not grow
-  with the dataset.
+  with the dataset. The rollout has its recorder to itself, so the barrier
+  asks its writer to flush at once, not on its half-second clock.
 - Task failures and agent timeouts keep their graded reward.
 - What is returned follows the PPO config's `forgerl.rows` (`segment_rl.Expansion`):
   `thread` (what `forge-train rl` writes by default) every segment, `per_call`
@@ -53,7 +54,7 @@ from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.recorder.serve import PolicyGateway
 from forgerl.runners.harnesses import get_harness
 from forgerl.runners.local import LocalRunner
-from forgerl.runners.rollout import Outcome, Rollout
+from forgerl.runners.rollout import HarnessSlots, Outcome, Rollout
 from forgerl.schema.sessions import session_rows
 from forgerl.runners.tasks import Task, find_task, load_task
 
@@ -115,6 +116,7 @@ class HarnessAgentLoop(AgentLoopBase):
             runner = LocalRunner(self.harness, recorder.config.url, self.dataset, retries=0,
                                  isolate_network=self.isolate_network, model=self.served_model, env=self.env,
                                  timeout_s=self.timeout_s, name="verl", exe=self.harness.find())
+            runner.harness_slot = HarnessSlots(1)  # spare once the harness ends: its barrier flushes at once
             rollout = Rollout(task, attempt=int(info.get("attempt", 0)), policy_version=self.policy_version)
             outcome = await asyncio.to_thread(runner.run_one, rollout)
         finally:
