@@ -18,7 +18,8 @@ counts:
     bare      the peer: the harness CLI itself, run in a fresh temp dir pointed at the recorder
               (no workspace files, no sandbox, no grading), N at a time
     runner    LocalRunner: workspace from the task's 8 files, private HOME, sandbox (network + PID
-              namespace, cgroup, rlimits), grade() in a child process, outcome written, temp dir removed
+              namespace, cgroup, rlimits), grade() (in the jail after the harness: this grader reads files
+              alone), outcome written, temp dir removed
 
 "overhead" is what the runner adds around the model and the harness: workspace
 setup + grading (which first asks the recorder's flush barrier to make the

@@ -1,10 +1,11 @@
-"""A task's grade() source run on a workspace: what the grading child does, and nothing it does not need.
+"""A task's grade() source run on a workspace: what the grading child (or a rollout's jail, for a grade() that reads
+files alone) does, and nothing it does not need.
 
-The child is forked from the warm fork server the jails fork from
-(`forkserver.py`), which is small because nothing it imports pulls in
-pyarrow: a fork copies its parent's page tables and every page the child
-writes, so grading from a 90 MB parent cost twice the CPU. Keep this
-module's imports to the standard library.
+Both are forked from the same warm fork server (`forkserver.py`), which is
+small because nothing it imports pulls in pyarrow: a fork copies its
+parent's page tables and every page the child writes, so grading from a 90
+MB parent cost twice the CPU. Keep this module's imports to the standard
+library.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ class GradingError(RuntimeError):
 
 
 def run_grade(code: str, transcript: list, workspace: str) -> dict[str, float]:
-    """Execute grader source and call its grade(); in-process (the child of `grading.grade_workspace`)."""
+    """Execute grader source and call its grade(); in-process (the child of `grading.grade_workspace`, or the jail)."""
     namespace: dict = {"__name__": "forgerl_task_grader"}
-    exec(compile(code, "<grade>", "exec"), namespace)  # noqa: S102 - the task's own grader, in a child process
+    exec(compile(code, "<grade>", "exec"), namespace)  # noqa: S102 - the task's own grader, in a child or the jail
     grade = namespace.get("grade")
     if not callable(grade):
         raise GradingError("the automated checks define no grade() function")
