@@ -158,6 +158,21 @@ def test_rl_refuses_to_truncate(shards, tmp_path):
     assert r.returncode == 2 and "no train/*.parquet" in r.stderr
 
 
+def test_rl_hands_the_users_redaction_rules_to_each_rollouts_recorder(shards, tmp_path):
+    rules = tmp_path / "rules"
+    rules.write_text("# our internal hosts\ncorp-[a-z]+\\.internal\n")
+    r = forge("forge-train", *rl_args(shards, tmp_path, "--lengths-from", str(shards["tokens"]),
+                                      "--redact-rules", str(rules)))
+    assert r.returncode == 0, r.stderr
+    [entry] = yaml.safe_load((tmp_path / "rl" / "agent_loop.yaml").read_text())
+    assert entry["redact_rules"] == str(rules.resolve())
+    rules.write_text("corp-[a-z+\n")
+    r = forge("forge-train", *rl_args(shards, tmp_path, "--lengths-from", str(shards["tokens"]),
+                                      "--redact-rules", str(rules), "--out", str(tmp_path / "bad")))
+    assert r.returncode == 2 and "bad redaction rule 'corp-[a-z+'" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+
+
 def test_compute_score_grades_with_the_task(tmp_path):
     task = toml_task(tmp_path / "tasks", "add", "return {'said_42': 1.0 if '42' in str(transcript) else 0.0}")
     kwargs = {"data_source": "forgerl/codex", "ground_truth": "add", "extra_info": {}, "tasks": str(task)}

@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
+from forgerl.schema.records import decompress
 from forgerl.schema.store import read_table
 from forgerl.trainer.agent_loop import HarnessAgentLoop
 
@@ -35,7 +36,7 @@ def lm(tmp_path_factory):
     return TinyLM(tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
-def agent_loop(lm: TinyLM, tmp_path, prompt_length: int = 65536, response_length: int = 48):
+def agent_loop(lm: TinyLM, tmp_path, prompt_length: int = 65536, response_length: int = 48, **options):
     folder = lm.model.name_or_path
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": prompt_length,
                                                                  "response_length": response_length}},
@@ -44,7 +45,8 @@ def agent_loop(lm: TinyLM, tmp_path, prompt_length: int = 65536, response_length
                             tokenizer=AutoTokenizer.from_pretrained(folder), processor=None,
                             dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
                             harness="codex", dataset=str(tmp_path / "data"), served_model="tiny",
-                            policy_version="step-3", timeout_s=120, env={"OPENAI_API_KEY": "sk-test-agentloop"})
+                            policy_version="step-3", timeout_s=120, env={"OPENAI_API_KEY": "sk-test-agentloop"},
+                            **options)
 
 
 def test_registered():
@@ -84,6 +86,21 @@ def test_run_returns_the_recorded_tokens(lm, tmp_path, monkeypatch):
     assert all(out.response_logprobs[i] == 0.0 for i, m in enumerate(out.response_mask) if not m)
     assert out.reward_score == 0.25  # the harness's failure (random text) keeps its graded reward
     assert all(len(s["token_ids"]) <= 48 for s in served)  # rollout.response_length caps every turn
+
+
+def test_the_users_redaction_rules_mask_what_the_rollouts_recorder_stores(lm, tmp_path):
+    """`forge-train rl --redact-rules`: each rollout's recorder masks the user's regexes (here a name in the
+    prompt) as well as the key patterns, before anything is written."""
+    name = b"Marvin Quell"
+    task = toml_task(tmp_path / "tasks", "greet", "return {'a': 1.0}", prompt="say hi to Marvin Quell")
+    rules = tmp_path / "rules"
+    rules.write_text("Marvin\\s+Quell\n")
+    loop = agent_loop(lm, tmp_path, redact_rules=str(rules))
+    out = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"task_path": str(task)}, raw_prompt=[]))
+    assert loop.server_manager.calls, "the harness never reached the policy"
+    calls = read_table(tmp_path / "data", "calls", ["session_id", "request_raw"]).to_pylist()
+    bodies = [decompress(c["request_raw"]) for c in calls if c["session_id"] == out.extra_fields["forge_session"]]
+    assert any(b"say hi to [REDACTED]" in body for body in bodies) and not any(name in body for body in bodies)
 
 
 def test_infra_failure_is_fully_masked(lm, tmp_path):

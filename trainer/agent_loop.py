@@ -86,7 +86,8 @@ class VerlPolicy:
 class HarnessAgentLoop(AgentLoopBase):
     def __init__(self, *args: Any, harness: str = "claude-code", tasks: str = "", dataset: str = "forge-rollouts",
                  served_model: str = "policy", policy_version: str = "", timeout_s: float | None = None,
-                 isolate_network: bool = True, env: dict[str, str] | None = None, **kwargs: Any):
+                 isolate_network: bool = True, env: dict[str, str] | None = None, redact_rules: str = "",
+                 **kwargs: Any):
         kwargs.pop("name", None)  # the registry entry's own name, passed along by hydra
         super().__init__(*args, **kwargs)
         self.harness = get_harness(harness)
@@ -97,6 +98,7 @@ class HarnessAgentLoop(AgentLoopBase):
         self.timeout_s = timeout_s
         self.isolate_network = isolate_network
         self.env = dict(env or {})
+        self.redact_rules = redact_rules  # the user's regexes (forge-train rl --redact-rules), beside the built-in
         self.prompt_length = self.rollout_config.prompt_length
         self.response_length = self.rollout_config.response_length
         self.eos_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
@@ -109,8 +111,8 @@ class HarnessAgentLoop(AgentLoopBase):
         gateway = PolicyGateway(policy, self.tokenizer, self.served_model,
                                 sampling=Sampling(max_tokens=self.response_length))
         url = await gateway.start()
-        recorder = BackgroundRecorder(RecorderConfig.one_upstream(self.dataset, url,
-                                                                  policy_version=self.policy_version))
+        recorder = BackgroundRecorder(RecorderConfig.one_upstream(self.dataset, url, policy_version=self.policy_version,
+                                                                  redact_rules=self.redact_rules))
         try:
             await asyncio.to_thread(recorder.start)
             runner = LocalRunner(self.harness, recorder.config.url, self.dataset, retries=0,

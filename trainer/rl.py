@@ -4,7 +4,8 @@ Writes two files and launches `verl.trainer.main_ppo` on them:
 
 - `agent_loop.yaml` (`rollout.agent.agent_loop_config_path`): registers
   `forgerl_harness` (`trainer/agent_loop.py`) with the harness, the task
-  source and the dataset root the rollouts are recorded into;
+  source, the dataset root the rollouts are recorded into, and the user's
+  redaction rules (`--redact-rules`) their recorders take;
 - `rl_config.yaml`: the complete PPO config (veRL's own, composed with our
   overrides), GRPO by default, on veRL's V1 trainer.
 
@@ -43,6 +44,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from forgerl.errors import removed_on_user_error
+from forgerl.recorder.redact import Redactor
 from forgerl.runners.harnesses import get_harness
 from forgerl.runners.tasks import load_tasks
 
@@ -131,7 +133,8 @@ def agent_loop_yaml(args: argparse.Namespace, out: Path) -> Path:
     entry = {"name": AGENT_NAME, "_target_": "forgerl.trainer.agent_loop.HarnessAgentLoop",
              "harness": args.harness, "tasks": str(Path(args.tasks).resolve()),
              "dataset": str((out / "rollouts").resolve()), "served_model": args.served_model,
-             "policy_version": args.policy_version, "isolate_network": not args.no_isolate_network}
+             "policy_version": args.policy_version, "isolate_network": not args.no_isolate_network,
+             "redact_rules": str(Path(args.redact_rules).resolve()) if args.redact_rules else ""}
     path = out / "agent_loop.yaml"
     path.write_text(yaml.safe_dump([entry], sort_keys=False))
     return path
@@ -139,6 +142,8 @@ def agent_loop_yaml(args: argparse.Namespace, out: Path) -> Path:
 
 def overrides(args: argparse.Namespace, out: Path) -> list[str]:
     get_harness(args.harness)
+    if args.redact_rules:
+        Redactor.from_file(args.redact_rules)  # a bad file is one line now, not a failure in every rollout
     model = Path(args.model)
     if not (model / "config.json").exists():
         raise LaunchError(f"--model {model}: not a Hugging Face model folder (no config.json)")
@@ -221,6 +226,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model", default="policy", help="model name the harness is told")
     p.add_argument("--policy-version", default="", help="tag recorded rollouts with this version")
     p.add_argument("--no-isolate-network", action="store_true", help="let harnesses reach the network")
+    p.add_argument("--redact-rules", default="", metavar="FILE",
+                   help="extra redaction regexes, one per line, for the recorder each rollout starts (keys, tokens "
+                        "and .env secrets are always redacted)")
     p.add_argument("--rows", choices=ROWS, default="thread",
                    help="what a rollout trains: every segment (thread, default), every call (per_call), or the "
                         "segment holding the final call (last)")
