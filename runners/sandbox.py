@@ -212,10 +212,9 @@ class Sandbox:
     def graded(self, timeout_s: float) -> dict | None:
         """The answer of the grade the jail ran after the harness ({"ok", "scores"|"error"}); None when it ran none
         (none was asked for, or the harness did not end on its own). A jail past `timeout_s` is killed."""
-        job = self._job if self._grading else None
+        job, self._job = self._job, None  # still open after `run` only while a grade is to come
         if job is None:
             return None
-        self._job = None
         try:
             return answer_within(job, timeout_s)["grade"]
         except ForkError as e:
