@@ -18,7 +18,7 @@ VL_STAMP := $(VL_SITE)/.installed
 BROWSER_VENV := .venv-browser
 BROWSER_STAMP := $(BROWSER_VENV)/.installed
 
-.PHONY: demo test bench lock clean browser vllm harnesses claweval
+.PHONY: demo test bench lock clean browser vllm harnesses claweval dist
 
 $(PY_STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,14 +61,14 @@ $(VLLM_STAMP): requirements-vllm.lock
 vllm: $(VLLM_STAMP)
 
 # mini-swe-agent, the one Python harness, in its own venv: its litellm and
-# typer pins are not ours. runners/harnesses/mini_swe_agent.py finds its CLI here.
+# typer pins are not ours. harnesses/mini_swe_agent.py finds its CLI here.
 $(MINI_STAMP): requirements-mini.lock
 	test -x $(MINI_VENV)/bin/python || $(PY) -m venv $(MINI_VENV)
 	$(MINI_VENV)/bin/pip install -q --no-deps -r requirements-mini.lock
 	touch $@
 
 # browser-use, the screen-seeing Python harness, in its own venv too (its openai, anthropic and pydantic
-# pins are not ours); runners/harnesses/browser_use.py runs its agent with .venv-browser/bin/python.
+# pins are not ours); harnesses/browser_use.py runs its agent with .venv-browser/bin/python.
 $(BROWSER_STAMP): requirements-browser.lock
 	test -x $(BROWSER_VENV)/bin/python || $(PY) -m venv $(BROWSER_VENV)
 	$(BROWSER_VENV)/bin/pip install -q --no-deps -r requirements-browser.lock
@@ -99,6 +99,11 @@ $(NPM_STAMP): package.json package-lock.json
 demo: $(PY_STAMP)
 	$(BIN)/python examples/demo.py
 
+# The sdist and, built from it, the wheel, in dist/ (what `pip install` outside the checkout takes;
+# tests/test_wheel.py builds and installs them the same way).
+dist: $(PY_STAMP)
+	$(BIN)/python -m build --outdir dist
+
 # Headless Chromium (Debian package): the analysis HTML report is opened in it, and the web tasks'
 # harnesses drive it (browser-use over CDP, Claude Code through @playwright/mcp).
 browser:
@@ -120,11 +125,11 @@ bench: $(TRAIN_STAMP)
 lock:
 	rm -rf /tmp/forgerl-lock && $(PY) -m venv /tmp/forgerl-lock
 	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
-	/tmp/forgerl-lock/bin/pip install -q ".[test,train]"
+	/tmp/forgerl-lock/bin/pip install -q ".[demo,test,train]"
 	/tmp/forgerl-lock/bin/pip freeze --exclude forgerl > requirements-train.lock
 	rm -rf /tmp/forgerl-lock && $(PY) -m venv /tmp/forgerl-lock
 	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
-	/tmp/forgerl-lock/bin/pip install -q -c requirements-train.lock ".[test]"
+	/tmp/forgerl-lock/bin/pip install -q -c requirements-train.lock ".[demo,test]"
 	/tmp/forgerl-lock/bin/pip freeze --exclude forgerl > requirements.lock
 	rm -rf /tmp/forgerl-lock && $(PY) -m venv /tmp/forgerl-lock
 	/tmp/forgerl-lock/bin/pip install -q --upgrade pip
@@ -133,4 +138,4 @@ lock:
 	/tmp/forgerl-lock/bin/pip freeze > requirements-vllm.lock
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MINI_VENV) $(BROWSER_VENV) node_modules forge-data
+	rm -rf $(VENV) $(VLLM_VENV) $(MINI_VENV) $(BROWSER_VENV) node_modules forge-data dist

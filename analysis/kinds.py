@@ -2,71 +2,20 @@
 
 Every behaviour metric reads harness-specific names through these tables
 (registered in DuckDB by `forgerl.analysis.views`), never through names
-scattered in SQL. To teach the analysis a new harness, add rows here.
+scattered in SQL. Tool kinds and plan tools come from the harness specs
+(`forgerl.harnesses`): a new harness teaches the analysis its tools in its
+own module.
 """
 
 from __future__ import annotations
 
-from forgerl.schema.segments import SUBAGENT_TOOLS
+from forgerl.harnesses import PLAN_CREATE, PLAN_SNAPSHOTS, PLAN_UPDATE, TOOL_KINDS
 
 KINDS: tuple[str, ...] = ("shell", "read", "write", "search", "web", "plan", "subagent", "other")
 
-# tool name as the model sees it -> kind. Sources: Claude Code 2.1 (sdk-tools.d.ts), Codex CLI 0.17x,
-# OpenClaw and ZeroClaw tool lists. Unlisted tools (MCP tools, custom functions) are `other`.
-TOOL_KINDS: dict[str, str] = {
-    # Claude Code
-    "Bash": "shell", "BashOutput": "shell", "KillShell": "shell", "KillBash": "shell",
-    "Read": "read", "LS": "read", "NotebookRead": "read",
-    "Edit": "write", "MultiEdit": "write", "Write": "write", "NotebookEdit": "write",
-    "Glob": "search", "Grep": "search",
-    "WebFetch": "web", "WebSearch": "web",
-    "TodoWrite": "plan", "TaskCreate": "plan", "TaskUpdate": "plan", "TaskList": "plan", "TaskGet": "plan",
-    "ExitPlanMode": "plan",
-    # Codex CLI
-    "exec_command": "shell", "write_stdin": "shell", "shell": "shell", "local_shell": "shell",
-    "container.exec": "shell", "unified_exec": "shell",
-    "apply_patch": "write",
-    "read_file": "read", "list_dir": "read", "view_image": "read",
-    "grep_files": "search",
-    "web_search": "web", "web_fetch": "web",
-    "update_plan": "plan",
-    # Codex CLI 0.171: goals (`create_goal` / `update_goal` / `get_goal`, below with OpenClaw's) and its
-    # multi_agent_v1 namespace: spawn_agent starts a subagent (SUBAGENT_TOOLS), the rest steer or await one.
-    "send_input": "subagent", "wait_agent": "subagent", "resume_agent": "subagent", "close_agent": "subagent",
-    # OpenClaw / ZeroClaw
-    "exec": "shell", "process": "shell", "file_read": "read", "read": "read",
-    "edit": "write", "write": "write", "file_write": "write",
-    "glob": "search", "grep": "search", "memory_search": "search",
-    "browser": "web", "http_request": "web",
-    # Qwen Code 0.24.4 (ToolNames in its bundle; read_file, edit, glob, exec, web_fetch, web_search as above).
-    # `agent` is its subagent tool; `todo_write` (off unless tools.todoWrite.enabled) its plan.
-    "run_shell_command": "shell", "write_file": "write", "notebook_edit": "write",
-    "list_directory": "read", "zoom_image": "read", "grep_search": "search",
-    "todo_write": "plan", "enter_plan_mode": "plan", "exit_plan_mode": "plan", "task_create": "plan",
-    "task_update": "plan", "task_list": "plan",  # its subagent tool, agent: SUBAGENT_TOOLS
-    # pi 0.73.1 (built-in tools; read, edit, write, grep as above)
-    "bash": "shell", "find": "search", "ls": "read",
-    # mini-swe-agent 2.4.6: one tool, `bash` (as pi's above; v2 sends it as a tool definition and calls it
-    # as a tool call). Its checks are shell commands (CHECK_COMMANDS); it has no plan or subagent tool.
-    # Gemini CLI 0.61.0 (the functionDeclarations it sends; run_shell_command, read_file, write_file, glob,
-    # list_directory, grep_search, web_fetch, enter_plan_mode as above). `invoke_agent` is its subagent tool,
-    # `write_todos` and `update_topic` (its chapter/progress narration) its plan tools.
-    "replace": "write", "read_many_files": "read", "google_web_search": "web",
-    "list_background_processes": "shell", "read_background_output": "shell",
-    "write_todos": "plan", "update_topic": "plan",  # invoke_agent: SUBAGENT_TOOLS
-    # OpenClaw 2026.9.6 (offered up front: exec, process, read, write, edit, apply_patch, ls as above; the
-    # deferred ones it calls through `tool_call`, e.g. browser, web_*, view_image, file_write as above).
-    # `sessions_spawn` is its subagent tool; `subagents`, `agents_wait` and `sessions_yield` steer or await
-    # subagents; goals are its plan. tool_search / tool_describe / tool_call (deferred-tool discovery) are other.
-    "terminal": "shell", "dir_list": "read", "dir_fetch": "read", "file_fetch": "read", "pdf": "read",
-    "memory_get": "read", "subagents": "subagent", "agents_wait": "subagent", "sessions_yield": "subagent",
-    "create_goal": "plan", "update_goal": "plan", "get_goal": "plan",
-    # OpenCode 1.18.33 (bash, read, edit, write, glob, grep, apply_patch as above; a gpt-* model gets
-    # apply_patch in place of edit and write). `task` is its subagent tool, `todowrite` its plan.
-    "webfetch": "web", "websearch": "web", "todowrite": "plan", "plan_enter": "plan", "plan_exit": "plan",
-    # Subagent tools of every harness: one list, which the thread segmenter also reads.
-    **{name: "subagent" for name in SUBAGENT_TOOLS},
-}
+# Tool name as the model sees it -> kind (`TOOL_KINDS`), and the plan tools (`PLAN_*`), come from each harness's
+# spec (`forgerl.harnesses`: its module's `tool_kinds`, `plan_tools`, `subagent_tools`). Unlisted tools (MCP
+# tools, custom functions) are `other`.
 
 # Argument keys that name a tool's file (first present wins) and its shell command.
 PATH_KEYS: tuple[str, ...] = ("file_path", "path", "filePath", "notebook_path", "file", "target_file")
@@ -150,17 +99,11 @@ PRICES: tuple[tuple[str, float, float, float, float], ...] = (
     ("gpt-4o", 2.50, 10.0, 1.25, 0.0),
 )
 
-# Plan tools. Snapshot tools resend the whole list each time (the last call is the plan's final
-# state): tool name -> JSON path of the items, each with a `status`. Task tools create items one
-# call at a time (ids 1, 2, ... in creation order, as Claude Code numbers them) and update them
-# by `taskId`.
-PLAN_SNAPSHOTS: dict[str, str] = {"TodoWrite": "$.todos", "update_plan": "$.plan", "todo_write": "$.todos",
-                                  "todowrite": "$.todos", "write_todos": "$.todos"}  # OpenCode, Gemini CLI
-# Item tools: each create call adds one item (numbered 1, 2, ... in call order); an update names its item by the
-# argument at the given JSON path, or (None: Codex and OpenClaw goals, one active at a time) updates the latest
-# item created before it.
-PLAN_CREATE: tuple[str, ...] = ("TaskCreate", "create_goal")
-PLAN_UPDATE: dict[str, str | None] = {"TaskUpdate": "$.taskId", "update_goal": None}
+# Plan tools (PLAN_SNAPSHOTS, PLAN_CREATE, PLAN_UPDATE, from the harness specs): snapshot tools resend the whole
+# list each time (the last call is the plan's final state): tool name -> JSON path of the items, each with a
+# `status`. Item tools: each create call adds one item (numbered 1, 2, ... in call order, as Claude Code numbers
+# them); an update names its item by the argument at the given JSON path, or (None: Codex and OpenClaw goals, one
+# active at a time) updates the latest item created before it.
 PLAN_DONE: tuple[str, ...] = ("completed", "complete")  # todo lists and tasks say completed, goals complete
 
 # A tool result names its call by id, and some harnesses rewrite the ids they send back (OpenClaw drops the `_`

@@ -15,6 +15,7 @@ import duckdb
 import pyarrow as pa
 
 from forgerl.schema import attempts, duck
+from forgerl.schema.segments import PLACED_SQL, SEGMENT_ID_SQL
 
 from . import gui, kinds
 from .groups import FIXED, metrics_by, pass_curve_by
@@ -84,8 +85,9 @@ def _unwrap(part: str) -> str:
     return f"CASE {' '.join(whens)} ELSE {own} END"
 
 
-# A turn is a call that produced output; its model is the one that answered (else the one asked for).
-IS_TURN = "len(output_refs) > 0"
+# A turn is a call that holds a model turn (placed in a segment as it was written); its model is the one that
+# answered (else the one asked for).
+IS_TURN = PLACED_SQL
 TURN_MODEL = "coalesce(model_returned, model_requested)"
 
 # `turn` counts a session's model calls in time order; `segment_index` / `segment_turn` place each in the
@@ -94,7 +96,7 @@ TURNS = f"""
 SELECT session_id, call_id,
        row_number() OVER (PARTITION BY session_id ORDER BY t_start, seq, call_id) AS turn,
        t_start, {TURN_MODEL} AS model, output_refs,
-       segment_index, session_id || ':' || segment_index AS segment_id, segment_reason,
+       segment_index, {SEGMENT_ID_SQL} AS segment_id, segment_reason,
        CASE WHEN segment_index IS NOT NULL THEN row_number() OVER (
            PARTITION BY session_id, segment_index ORDER BY t_start, seq, call_id) END AS segment_turn,
        malformed_tool_calls
@@ -112,13 +114,14 @@ def _slot(first: int, count: int) -> str:
 
 
 # A tool call part is written with the call whose output first held it (`messages.call_id`), so its turn
-# is that call's and its position its index in that call's output_refs.
+# is that call's and its position its index in that call's output_refs. The join names the session too, so a
+# query for one session's tool calls (the viewer's) reads only that session's calls.
 TOOL_CALLS = f"""
 WITH made AS (  -- a deferred-tool wrapper (kinds.TOOL_WRAPPERS) is read as the tool it calls
   SELECT m.session_id, m.call_id, t.turn, list_position(t.output_refs, m.part_hash) AS pos, m.tool_call_id,
          {_unwrap('name')} AS tool_name, {_unwrap('args')} AS arguments,
          CASE WHEN m.tool_name IN ({_names(tuple(kinds.TOOL_WRAPPERS))}) THEN m.tool_name END AS via
-  FROM messages m JOIN turns t ON t.call_id = m.call_id
+  FROM messages m JOIN turns t ON t.session_id = m.session_id AND t.call_id = m.call_id
   WHERE m.part_type = 'tool_call' AND m.direction = 'output'),
 raw AS (
   SELECT made.*, coalesce(k.kind, 'other') AS declared_kind,

@@ -148,7 +148,7 @@ def pandas_metrics(root: str) -> dict[str, dict]:
 
     from forgerl.analysis import kinds
     from forgerl.analysis.reliability import pass_at_k
-    from forgerl.schema.store import data_files
+    from forgerl.schema.files import data_files
 
     def read(table, cols):
         return pq.read_table(data_files(root, table), columns=cols).to_pandas()

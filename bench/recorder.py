@@ -4,7 +4,7 @@
     .venv/bin/python bench/recorder.py --quick    # smoke run, < 2 min
 
 Every piece runs in its own process: the scripted upstream
-(`python tests/scripted_upstream.py`), the proxy under test, and the load
+(`python examples/scripted_upstream.py`), the proxy under test, and the load
 generator (`bench/loadgen.py`, aiohttp, one fresh connection per request).
 The same load goes through each configuration in turn:
 
@@ -51,7 +51,7 @@ BIN = Path(sys.executable).parent
 PY = sys.executable
 LOADGEN = str(HERE / "loadgen.py")
 ADDON = str(ROOT / "recorder" / "addon.py")
-SCRIPTED = str(ROOT / "tests" / "scripted_upstream.py")
+SCRIPTED = str(ROOT / "examples" / "scripted_upstream.py")
 
 # The mitmproxy options worth setting for a reverse-proxy recorder (see bench/README.md, "Profiling").
 # Every other --set candidate measured (http2, validate_inbound_headers, body_size_limit, termlog
@@ -157,7 +157,7 @@ class Process:
 
 
 def start_upstream(log_dir: Path, chunks: int, delay: float) -> tuple[Process, str]:
-    """The scripted model server (the tests' double) in its own process."""
+    """The scripted model server (examples/scripted_upstream.py) in its own process."""
     port = free_port()
     argv = [PY, SCRIPTED, "--port", str(port), "--chunks", str(chunks), "--chunk-delay", str(delay)]
     up = Process(f"upstream-{chunks}x{delay}", argv, log_dir)

@@ -45,18 +45,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the runner tests' tasks
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # the scripted upstream
 
 from runner_fixtures import BENCH, SPARQL_TASK, task_script  # noqa: E402
 from scripted_upstream import ScriptedUpstream  # noqa: E402
 
 from forgerl import printer  # noqa: E402
-from forgerl.runners.harnesses import RunContext, get_harness  # noqa: E402
+from forgerl.harnesses import RunContext, get_harness  # noqa: E402
 from forgerl.runners.attempt import PASSTHROUGH_ENV  # noqa: E402
 from forgerl.runners.local import LocalRunner  # noqa: E402
 from forgerl.runners.rollout import Rollout  # noqa: E402
 from forgerl.runners.serve import upstream_recorder  # noqa: E402
-from forgerl.runners.tasks import find_task  # noqa: E402
+from forgerl.runners.loader import find_task  # noqa: E402
 from forgerl.schema.store import DatasetWriter  # noqa: E402
 
 

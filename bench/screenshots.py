@@ -18,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the GUI sessions the tests record
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # the scripted upstream
 
 
 def record(root: Path, steps: int, size: tuple[int, int], mode: str) -> int:

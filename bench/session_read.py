@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 
 from forgerl import printer
 from forgerl.schema import sessions
-from forgerl.schema.store import atomic_write_table, init_root, read_table
+from forgerl.schema.files import atomic_write_table
+from forgerl.schema.store import init_root, read_table
 from forgerl.schema.tables import TABLES
 
 COLUMNS = ["call_id", "session_id", "seq", "t_start", "prompt_token_ids", "completion_token_ids",

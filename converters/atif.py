@@ -29,7 +29,7 @@ def _arguments(raw: Any) -> dict[str, Any]:
         return raw
     try:
         value = json.loads(raw or "{}")
-    except ValueError:
+    except json.JSONDecodeError:
         return {"raw": raw}
     return value if isinstance(value, dict) else {"value": value}
 

@@ -30,6 +30,8 @@ import re
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from forgerl.schema.chat import chat_tools, image_parts, to_chat_messages
 
 from .source import Call
@@ -38,6 +40,7 @@ from .vision import ImagePads, SampleImages, verl_content
 
 _EXAMPLES = 20
 _WINDOW = 40
+_WINDOW_IDS = 64  # ids decoded either side of the first differing one, before decoding both whole
 SAMPLE_FIRST = 2
 SAMPLE_EVERY = 64
 MODES = ("sample", "last", "all", "off")
@@ -50,6 +53,13 @@ def _first_diff(a: str, b: str) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids two arrays share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def classify(engine: str, rendered: str) -> tuple[str, int]:
@@ -87,20 +97,44 @@ class DriftReport:
         self.thread_breaks = 0
         self.examples: list[dict[str, Any]] = []
 
-    def _record(self, check: str, ref: str, engine_ids: list[int], rendered_ids: list[int]) -> None:
+    def _record(self, check: str, ref: str, engine_ids: np.ndarray, rendered_ids: np.ndarray) -> None:
         counts = self.checks[check]
         counts["checked"] += 1
-        if engine_ids == rendered_ids:
+        if np.array_equal(engine_ids, rendered_ids):
             return
         counts["differ"] += 1
+        if len(self.examples) >= _EXAMPLES:  # no example to show: a window around the difference may name it
+            kind = self._window_kind(engine_ids, rendered_ids)
+            if kind is not None:
+                self.where[check][kind] += 1
+                return
         decode = self.renderer.tokenizer.decode
-        engine, rendered = decode(engine_ids), decode(rendered_ids)
+        engine, rendered = decode(engine_ids.tolist()), decode(rendered_ids.tolist())
         kind, at = classify(engine, rendered)
         self.where[check][kind] += 1
         if len(self.examples) < _EXAMPLES:
             self.examples.append({"check": check, "ref": ref, "kind": kind, "char": at,
                                   "engine": engine[max(0, at - _WINDOW): at + _WINDOW],
                                   "rendered": rendered[max(0, at - _WINDOW): at + _WINDOW]})
+
+    def _window_kind(self, engine_ids: np.ndarray, rendered_ids: np.ndarray) -> str | None:
+        """`stripped_think` when the tokens around the first differing id already show it, else None.
+
+        Decoding both conversations whole cost more than the rest of a template run (a Claude Code-sized
+        one is ~18k tokens, the first difference past its ~16k of tool schemas). A difference inside the
+        window, with `classify`'s context on both sides of it, is where the whole texts first differ, so a
+        `<think>` tag near it is one there too. Other kinds look further (back to an open `<tool_call>`,
+        or equal texts), so they take the whole decode.
+        """
+        at_id = _common_prefix(engine_ids, rendered_ids)
+        start, end = max(0, at_id - _WINDOW_IDS), at_id + _WINDOW_IDS
+        decode = self.renderer.tokenizer.decode
+        engine, rendered = decode(engine_ids[start:end].tolist()), decode(rendered_ids[start:end].tolist())
+        kind, at = classify(engine, rendered)
+        # where a side was cut short, the difference must lie well before the cut (a cut can make one up)
+        whole_after = all(end >= len(ids) or at + _WINDOW <= len(text)
+                          for ids, text in ((engine_ids, engine), (rendered_ids, rendered)))
+        return kind if kind == "stripped_think" and whole_after else None
 
     def check_segment(self, segment_id: str, calls: list[Call], enable_thinking: bool,
                       before: Call | None = None) -> None:
@@ -129,13 +163,13 @@ class DriftReport:
             if rendered is None:
                 previous = None
                 continue
-            self._record("prompt_rerender", call.row["call_id"], call.engine_ids[0].tolist(), rendered)
+            self._record("prompt_rerender", call.row["call_id"], call.engine_ids[0], rendered)
             if previous is not None:
-                seen = [*previous.engine_ids[0].tolist(), *previous.engine_ids[1].tolist()]
+                seen = np.concatenate(previous.engine_ids)
                 self._record("history_rerender", call.row["call_id"], seen, rendered[: len(seen)])
             previous = call
 
-    def _render_prompt(self, call: Call, enable_thinking: bool) -> list[int] | None:
+    def _render_prompt(self, call: Call, enable_thinking: bool) -> np.ndarray | None:
         """The call's input as the template renders it for generation; with images, each image expanded into
         its pads (None when images cannot be counted: no VL tokenizer, or no size recorded)."""
         chat = to_chat_messages(call.input, arguments="json")
@@ -147,11 +181,13 @@ class DriftReport:
         rendered = self.renderer.ids(chat, chat_tools(call.tools) or None, True, enable_thinking)
         if not images:
             return rendered
-        return SampleImages(self.pads, tuple(self.pads.count(p.width, p.height) for p in images)).expand(rendered)
+        counts = tuple(self.pads.count(p.width, p.height) for p in images)
+        return np.asarray(SampleImages(self.pads, counts).expand(rendered.tolist()), np.int32)
 
     def note_tokens(self, ts: TokenSample) -> None:
         if ts.template_consistent is not None and self.renderer is not None:
-            self._record("verl_sanity", ts.sample.sample_id, ts.whole_ids or ts.input_ids, ts.input_ids)
+            whole = ts.input_ids if ts.whole_ids is None else ts.whole_ids
+            self._record("verl_sanity", ts.sample.sample_id, whole, ts.input_ids)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

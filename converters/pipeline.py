@@ -47,11 +47,11 @@ TOKEN_SCHEMA = pa.schema([
 ])
 
 
-class UsageError(UserError, ValueError):
+class UsageError(UserError):
     """Options that do not fit together."""
 
 
-class ToolsAbsentError(UserError, ValueError):
+class ToolsAbsentError(UserError):
     """Training rows would hold tool calls whose definitions the requests never sent."""
 
 

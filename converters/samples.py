@@ -15,6 +15,7 @@ from typing import Any, Iterator, Literal
 
 from forgerl.schema.chat import image_parts, image_refs
 from forgerl.schema.messages import Message, Part
+from forgerl.schema.segments import segment_id
 
 from .source import Call, Session
 from .threads import Segment
@@ -79,5 +80,5 @@ def samples(session: Session, segments: list[Segment], mode: Mode) -> Iterator[S
             continue
         for k, call in enumerate(seg.calls):
             start = len(call.input_forms)
-            yield Sample(f"{seg.segment_id}/{k}", mode, seg, [call],
+            yield Sample(segment_id(seg.session_id, seg.index, k), mode, seg, [call],
                          {start + j: 0 for j in range(len(call.output_forms))}, session)

@@ -34,8 +34,9 @@ import pyarrow.parquet as pq
 from forgerl.schema import duck
 from forgerl.schema.messages import Message
 from forgerl.schema.records import MessageMemo, call_forms
-from forgerl.schema.segments import succeeded
-from forgerl.schema.store import DatasetError, SchemaVersionError, data_files, file_version, open_dataset
+from forgerl.schema.segments import engine_ids, succeeded
+from forgerl.schema.files import DatasetError, SchemaVersionError, data_files, file_version
+from forgerl.schema.store import open_dataset
 from forgerl.schema.tables import SCHEMA_VERSION, TABLES
 
 CALL_COLUMNS = ("call_id", "session_id", "seq", "api", "status", "error", "complete", "t_start",
@@ -99,10 +100,7 @@ class Call:
     @property
     def engine_ids(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The prompt and completion ids the engine reported (int32 arrays), if it reported both."""
-        prompt, completion = self.row.get("prompt_token_ids"), self.row.get("completion_token_ids")
-        if prompt is None or completion is None or not len(prompt) or not len(completion):
-            return None
-        return prompt, completion
+        return engine_ids(self.row)
 
     @property
     def ok(self) -> bool:

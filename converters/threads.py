@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forgerl.schema.messages import Message
+from forgerl.schema.segments import segment_id, stored_segments
 
 from .source import Call, Session
 
@@ -30,7 +31,7 @@ class Segment:
 
     @property
     def segment_id(self) -> str:
-        return f"{self.session_id}:{self.index}"
+        return segment_id(self.session_id, self.index)
 
     @property
     def last(self) -> Call:
@@ -52,20 +53,10 @@ class Segment:
     def info(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "segment_id": self.segment_id, "segment_index": self.index,
                 "segment_reason": self.reason, "parent_segment": None if self.parent is None
-                else f"{self.session_id}:{self.parent}", "parent_position": self.parent_position}
+                else segment_id(self.session_id, self.parent), "parent_position": self.parent_position}
 
 
 def segment_session(session: Session) -> list[Segment]:
-    """The session's stored segments, in order of their first call, each with its calls in order."""
-    by_index: dict[int, Segment] = {}
-    for call in session.calls:
-        row = call.row
-        index = row.get("segment_index")
-        if index is None:
-            continue
-        seg = by_index.get(index)
-        if seg is None:
-            seg = by_index[index] = Segment(session.session_id, index, row["segment_reason"], row["parent_segment"],
-                                            row["parent_position"])
-        seg.calls.append(call)
-    return sorted(by_index.values(), key=lambda s: s.index)
+    """The session's stored segments, in segment order, each with its calls in order."""
+    return [Segment(session.session_id, s.index, s.reason, s.parent, s.parent_position, s.calls)
+            for s in stored_segments(session.calls, lambda call: call.row)]

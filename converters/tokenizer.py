@@ -3,9 +3,11 @@
 `AutoTokenizer` imports torch and most of transformers (10-20 s here), which
 dominates short conversions. A local tokenizer directory (tokenizer.json +
 tokenizer_config.json with a chat template) needs only the `tokenizers`
-library and transformers' own Jinja renderer, so `LocalTokenizer` gives the
-same text and ids as `apply_chat_template` (the tests check it against veRL,
-which uses AutoTokenizer) at a fraction of the start-up cost.
+library and transformers' chat-template environment (its Jinja extensions,
+filters and globals), so `LocalTokenizer` gives the same text and ids as
+`apply_chat_template` (the tests check it against veRL, which uses
+AutoTokenizer, and against transformers' renderer) at a fraction of the
+start-up cost, and renders in half the time (`_compile`).
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from forgerl.errors import UserError
 from forgerl.schema.messages import canonical_json
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
-class TokenizerError(UserError, ValueError):
+class TokenizerError(UserError):
     """The tokenizer cannot be loaded or has no chat template."""
 
 
@@ -37,9 +41,9 @@ class LocalTokenizer:
         # The core install has no torch by design: transformers' "PyTorch was not found" advice is noise here.
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         from tokenizers import Tokenizer
-        from transformers.utils.chat_template_utils import render_jinja_template
+        from transformers.utils.chat_template_utils import _compile_jinja_template
 
-        self._render = render_jinja_template
+        self._compile_base = _compile_jinja_template  # imported with the tokenizer (~0.4 s), run on first use
         config = json.loads((directory / "tokenizer_config.json").read_text())
         template_file = directory / "chat_template.jinja"
         self.chat_template = template_file.read_text() if template_file.exists() else config.get("chat_template")
@@ -50,15 +54,19 @@ class LocalTokenizer:
         self.special_tokens_map = {k: v.get("content") if isinstance(v, dict) else v
                                    for k in _SPECIAL if (v := config.get(k)) is not None}
         self.eos_token = self.special_tokens_map.get("eos_token")
+        self._template: Any = None  # compiled on first use
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, tokenize: bool = False,
                             add_generation_prompt: bool = False, **kwargs: Any) -> str:
+        """What transformers' `render_jinja_template` renders for one conversation of dicts (tools as JSON
+        schemas, no documents, no continued final message)."""
         if tokenize:
             raise ValueError("LocalTokenizer renders text; encode it with encode()")
-        rendered, _ = self._render(conversations=[messages], tools=tools, chat_template=self.chat_template,
-                                            add_generation_prompt=add_generation_prompt,
-                                            **{**self.special_tokens_map, **kwargs})
-        return rendered[0]
+        if self._template is None:
+            self._template = _compile(self._compile_base(""), self.chat_template)
+        return self._template.render(messages=messages, tools=tools, documents=None,
+                                     add_generation_prompt=add_generation_prompt,
+                                     **{**self.special_tokens_map, **kwargs})
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -71,6 +79,47 @@ class LocalTokenizer:
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
         return self.backend_tokenizer.token_to_id(token)
+
+
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # what `getattr` finds on a plain dict before its keys
+
+
+def _compile(base: Any, chat_template: str) -> Any:
+    """The template in the environment of `base` (transformers' compiled chat template: its extensions,
+    filters and globals), with a sandbox that decides each attribute once per (type, name), not on every read."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        """The same answers, faster: chat templates read message keys as attributes (`message.content`), which
+        the sandbox looks for as an attribute of the dict first, failing with an exception each time, and it
+        checks every attribute it returns although the checks look at its name and the object's type alone.
+        Between them that was half a render."""
+
+        def __init__(self, **options: Any):
+            super().__init__(**options)
+            self.verdicts: dict[tuple[type, str], bool] = {}
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    pass
+            return super().getattr(obj, attribute)
+
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            key = (type(obj), attr)
+            safe = self.verdicts.get(key)
+            if safe is None:
+                safe = self.verdicts[key] = super().is_safe_attribute(obj, attr, value)
+            return safe
+
+    base = base.environment
+    env = Sandbox(trim_blocks=base.trim_blocks, lstrip_blocks=base.lstrip_blocks,
+                  extensions=[type(e) for e in base.extensions.values()])
+    env.filters.update(base.filters)
+    env.globals.update(base.globals)
+    return env.from_string(chat_template)
 
 
 class PieceEncoder:
@@ -109,16 +158,17 @@ class PieceEncoder:
                 self._chars -= len(self._cache.popitem(last=False)[0])
         return ids
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> np.ndarray:
+        """The text's ids (int32), as the tokenizer's `encode` without special tokens gives them."""
         if self.cut is None:
-            return self._piece(text).tolist()
-        ids: list[int] = []
+            return np.array(self._piece(text), np.int32)
+        ids = array("i")
         for i, piece in enumerate(self.cut.split(text)):
             if i % 2:
                 ids.append(self.token_ids[piece])
             elif piece:
                 ids.extend(self._piece(piece))
-        return ids
+        return np.frombuffer(ids, np.int32)
 
 
 @lru_cache(maxsize=4)

@@ -29,7 +29,7 @@ IMAGE_PAD = "<|image_pad|>"  # what the Qwen2-VL templates write for an image, a
 _VERL_SPLIT = re.compile("(<image>|<video>)")  # MultiTurnSFTDataset._build_messages splits content on these
 
 
-class ImagesError(UserError, ValueError):
+class ImagesError(UserError):
     """Rows with images that cannot be built: no image processor, or the image's bytes were not recorded."""
 
 

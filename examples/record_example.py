@@ -2,7 +2,7 @@
 
 Plays every scenario of tests/analysis_scenarios.py three times (sessions `<name>-a1..a3`)
 with the SDK clients through the real recorder (in-process, over loopback)
-against the scripted upstream, adds graded outcomes the way a runner would,
+against the scripted upstream (beside this script), adds graded outcomes the way a runner would,
 and compacts the result into a few files small enough to keep in git.
 """
 
@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted upstream and scenarios
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the scenarios the analysis tests use
 
 import analysis_scenarios as scenarios  # noqa: E402
 from scripted_upstream import ScriptedUpstream  # noqa: E402

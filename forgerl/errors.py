@@ -5,6 +5,10 @@ as one line and exits 2; anything else is a bug and gets a traceback. It
 lives here, in the top package, importing nothing of forgerl, so every layer
 can raise it, `schema` (the lowest, which imports nothing else of forgerl)
 included. Bad input also leaves no output behind: `removed_on_user_error`.
+
+Its subclasses derive from nothing else (not `ValueError`): an `except` for
+what a library raises on bad text (`json.JSONDecodeError`, `int()`) must not
+swallow them, and a bug's `ValueError` must never pass for bad input.
 """
 
 from __future__ import annotations

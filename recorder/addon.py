@@ -14,6 +14,9 @@ Paths under `/_forge/` are the recorder's own (`control.py`): readiness and
 the per-session flush barrier. Once the writer process fails, no call is
 forwarded: each gets a 503 naming the failure, and the proxy shuts down
 `FAILURE_GRACE_S` later (its owner sees the failure and exits non-zero).
+A call the writer could not record whole fails its session's barrier
+(`writer_process.CallsFailed`) and is counted in `call_failures`, which the
+proxy's owner reports as it exits.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def parse_labels(text: str) -> dict | None:
         return None
     try:
         labels = json.loads(text)
-    except ValueError:
+    except json.JSONDecodeError:
         labels = None
     if not isinstance(labels, dict):
         raise UserError(f"labels must be a JSON object, got {text!r}")
@@ -98,6 +101,7 @@ class Recorder:
         self.upstreams: dict[str, Upstream] = {}
         self.master = None
         self._failed: str | None = None  # kept once the writer is closed, for whoever stops the proxy
+        self.call_failures = 0  # calls the writers closed so far could not record whole
         self._open: dict[str, set[str]] = {}  # session -> ids of its calls not yet handed to the writer
 
     def load(self, loader) -> None:
@@ -130,12 +134,12 @@ class Recorder:
             if "forge_labels" in updated:
                 parse_labels(opts.forge_labels)
             if "forge_images" in updated and opts.forge_images not in IMAGE_MODES:
-                raise ValueError(f"forge_images {opts.forge_images}: choose from {', '.join(IMAGE_MODES)}")
+                raise UserError(f"forge_images {opts.forge_images}: choose from {', '.join(IMAGE_MODES)}")
             if "forge_out" in updated:
                 self._close_writer()
                 if opts.forge_out:
                     self.writer = WriterClient(opts.forge_out, on_failure=self._writer_failed)
-        except (UserError, ValueError) as e:  # WriterClient: a root it cannot open is a ValueError
+        except UserError as e:
             raise exceptions.OptionsError(str(e)) from None
         if self.writer is not None and {"forge_out", "forge_redact_rules", "forge_labels", "forge_images"} & updated:
             self.writer.configure(redact_rules=opts.forge_redact_rules, labels=opts.forge_labels,
@@ -292,6 +296,7 @@ class Recorder:
     def _close_writer(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.call_failures += self.writer.call_failures
             self.writer = None
 
     def done(self) -> None:
@@ -308,7 +313,7 @@ def _family(path: str) -> str:
 def _ws_event_type(content: bytes) -> str:
     try:
         value = json.loads(content)
-    except ValueError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return "message"
     return str(value.get("type", "message")) if isinstance(value, dict) else "message"
 

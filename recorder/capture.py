@@ -5,6 +5,13 @@ redaction, reassembly and normalisation run later in `to_record`, in the
 writer process (`writer_process.py`), which rebuilds the call from
 `start_fields`, `state` and the bytes, so recording costs the harness almost
 nothing per chunk.
+
+Two kinds of trouble are told apart. What the harness or the upstream sent
+wrong (a body that is not JSON, a malformed stream, an HTTP error) is the
+call's own `error`: the harness saw it too. A codec raising is a bug in
+forgerl (codecs read any JSON object, `apis/common.py`): `to_record` raises
+`CodecBug` with the call as far as it was read, raw bytes kept, and the writer
+stores that and reports the bug (`writer_process.CallSink`).
 """
 
 from __future__ import annotations
@@ -28,9 +35,19 @@ SPLIT_SECRET = "raw response withheld: a secret was split across stream frames"
 # mitmproxy's flow error when the client closes while the response still streams. A harness that hangs
 # up once it has read the terminal event (Codex does) races the stream's last chunk; nothing was lost.
 CLIENT_GONE = "Client disconnected."
+BUG = "forgerl bug"  # how a stored error that is ours, not the harness's or the upstream's, begins
 _START_FIELDS = ("call_id", "session_id", "seq", "method", "path", "upstream", "t_start", "request_headers",
                  "request_body", "websocket", "policy_version")
 _STATE_FIELDS = ("status", "response_headers", "sse", "t_first_byte", "t_end", "error", "finished")
+
+
+class CodecBug(Exception):
+    """A codec raised on a call. `record` is the call as far as it was read (raw bytes kept), its error saying
+    what raised; the exception is this one's `__cause__`."""
+
+    def __init__(self, record: CallRecord, what: str):
+        super().__init__(what)
+        self.record = record
 
 
 def utc(ts: float | None) -> datetime | None:
@@ -61,6 +78,7 @@ class CapturedCall:
     _request_raw: bytes | None = field(default=None, repr=False)
     _request_exchange: Exchange | None = field(default=None, repr=False)
     _request_error: str | None = field(default=None, repr=False)
+    _request_bug: Exception | None = field(default=None, repr=False)
     _request_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def tap(self, chunk: bytes) -> bytes:
@@ -119,13 +137,20 @@ class CapturedCall:
             record.error = self.error or INCOMPLETE
             return record
         errors = [self.error] if self.error else []
+        bugs: list[tuple[str, Exception]] = []  # (what raised, the exception): see `CodecBug`
         if codec is not None and (self.method == "POST" or self.websocket):
             exchange = self._parse_request(codec, request_raw)
             if self._request_error:
                 errors.append(self._request_error)
+            if self._request_bug is not None:
+                bugs.append((f"{codec.name} codec parsing the request", self._request_bug))
             if exchange is not None:
                 record.exchange = exchange
-                record.response, response_error, whole = _reassemble(codec, self, response_raw)
+                try:
+                    record.response, response_error, whole = _reassemble(codec, self, response_raw)
+                except Exception as e:  # assemblers never raise (`StreamAssembler`): ours
+                    bugs.append((f"{codec.name} codec reassembling the response", e))
+                    response_error, whole = None, False
                 if response_error:
                     errors.append(response_error)
                 if whole and self.error == CLIENT_GONE:  # hung up after the terminal event: nothing was lost
@@ -136,13 +161,16 @@ class CapturedCall:
                         errors.append(SPLIT_SECRET)
                     try:
                         codec.parse_response(record.response, exchange)
-                    except Exception as e:  # a shape we do not know: the raw bytes are kept
-                        errors.append(f"could not normalise response: {type(e).__name__}: {e}")
+                    except Exception as e:  # any JSON object is read: ours
+                        bugs.append((f"{codec.name} codec reading the response", e))
         if self.status is not None and self.status >= 400 and not any("HTTP" in e for e in errors):
             errors.insert(0, f"HTTP {self.status}")
         if not self.finished and self.error is None:
             errors.append(INCOMPLETE)
-        record.error = "; ".join(dict.fromkeys(errors)) or None
+        notes = [redactor.text(f"{BUG}: the {what} raised {type(e).__name__}: {e}") for what, e in bugs]
+        record.error = "; ".join(dict.fromkeys(errors + notes)) or None
+        if bugs:
+            raise CodecBug(record, "; ".join(notes)) from bugs[0][1]
         return record
 
     def _stored_request(self, redactor: Redactor, codec: Codec | None, images: str) -> bytes:
@@ -160,17 +188,20 @@ class CapturedCall:
         return strip_request(raw, blobs, images)
 
     def _parse_request(self, codec: Codec, request_raw: bytes | None) -> Exchange | None:
-        """Parse once: a call may be turned into a record more than once."""
-        if self._request_exchange is None and self._request_error is None:
+        """Parse once: a call may be turned into a record more than once. A body that is not a JSON object is the
+        harness's doing (`_request_error`); the codec raising on one is ours (`_request_bug`)."""
+        if self._request_exchange is None and self._request_error is None and self._request_bug is None:
             try:
                 body = json.loads(request_raw or b"")
                 if not isinstance(body, dict):
                     raise ValueError("not a JSON object")
-                self._request_exchange = parse_call(codec, self.path, body)
             except ValueError as e:
                 self._request_error = f"request body is not a JSON object: {e}"
-            except Exception as e:
-                self._request_error = f"could not normalise request: {type(e).__name__}: {e}"
+            else:
+                try:
+                    self._request_exchange = parse_call(codec, self.path, body)
+                except Exception as e:  # codecs take any JSON object apart (`apis/common.py`)
+                    self._request_bug = e
         if self._request_exchange is None:
             return None
         return replace(self._request_exchange, output=[])

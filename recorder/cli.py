@@ -24,11 +24,12 @@ from pathlib import Path
 
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
-from forgerl.schema.store import compact, delete_session, read_manifest
+from forgerl.harnesses import launch, recorded_commands
+from forgerl.schema.files import read_manifest
+from forgerl.schema.store import compact, delete_session
 from forgerl.schema.toolcalls import FORMATS
 
 from . import summary
-from .launch import launch
 from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
 from .images import IMAGE_MODES
 from .proxy import ANTHROPIC_API, GEMINI_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
@@ -88,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="session id for calls with no /s/<id>/ prefix or X-Forge-Session header")
     _common(serve)
 
-    run = sub.add_parser("run", help="record one command: point known harnesses at a fresh recorder, run, summarise")
+    run = sub.add_parser("run", help="record one command: point known harnesses at a fresh recorder, run, summarise",
+                         description="Record one command. Known harness commands are aimed at the recorder with "
+                         f"their own flags and config: {recorded_commands()}; any other gets the Anthropic and "
+                         "OpenAI SDKs' base-URL variables.")
     run.add_argument("--upstream", help="origin for every API (the three below default to it)")
     run.add_argument("--upstream-anthropic", help=f"origin for Anthropic Messages paths (default {ANTHROPIC_API})")
     run.add_argument("--upstream-gemini", help=f"origin for Gemini API paths (default {GEMINI_API})")
@@ -124,9 +128,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             session=args.session, redact_rules=args.redact_rules, images=args.images,
                             policy_version=args.policy_version, labels=args.labels, upstream_ca=args.upstream_ca)
     target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, gemini -> {gemini}, openai -> {openai}"
-    serve_forever(config, on_ready=lambda: print(
-        f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True))
-    return 0
+    return _closing_status(serve_forever(config, on_ready=lambda: print(
+        f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True)))
+
+
+def _closing_status(call_failures: int, status: int = 0) -> int:
+    """The exit status once the recorder has stopped: non-zero, the count said, if any call could not be recorded
+    whole (each was logged with its traceback as it happened)."""
+    if not call_failures:
+        return status
+    print(f"forge-record: {call_failures} call{'s' if call_failures != 1 else ''} could not be recorded whole; "
+          "the log above has each one's traceback", file=sys.stderr, flush=True)
+    return status or 1
 
 
 def _upstreams(args: argparse.Namespace) -> tuple[str, str, str]:
@@ -141,7 +154,7 @@ def _policy(args: argparse.Namespace, tokenizer: object) -> Policy:
         path = Path(args.policy[len("script:"):])
         try:
             texts = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UserError(f"--policy script:{path}: {getattr(e, 'strerror', None) or e}") from None
         if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
             raise UserError(f"--policy script:{path}: expected a JSON list of turn texts")
@@ -172,10 +185,10 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
         config = RecorderConfig.one_upstream(Path(args.out), gateway_url, listen_host=host, listen_port=port,
                                              session=args.session, redact_rules=args.redact_rules,
                                              images=args.images, policy_version=version, labels=args.labels)
-        serve_forever(config, on_ready=lambda: print(
+        failures = serve_forever(config, on_ready=lambda: print(
             f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
             f"policy version {version}); recording to {args.out}", flush=True))
-    return 0
+    return _closing_status(failures)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -191,12 +204,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                             upstream_gemini=gemini, session=session,
                             redact_rules=args.redact_rules, images=args.images, policy_version=args.policy_version,
                             labels=args.labels)
-    with tempfile.TemporaryDirectory(prefix="forge-record-run-") as scratch, BackgroundRecorder(config):
+    with tempfile.TemporaryDirectory(prefix="forge-record-run-") as scratch, BackgroundRecorder(config) as recorder:
         aimed = launch(cmd, config.url, session, Path(scratch))
         returncode = subprocess.call(aimed.argv, env={**os.environ, **aimed.env})
     print(file=sys.stderr)
     print(summary.summarise_session(args.out, session), file=sys.stderr)
-    return returncode
+    return _closing_status(recorder.call_failures, returncode)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

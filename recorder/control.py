@@ -6,7 +6,9 @@
                                        recorder has seen is on disk (files fsynced by the writer's next
                                        flush, at most half a second on; with ?now=1 one started at
                                        once), the calls of <id> still in flight waited for first;
-                                       503 after a recording failure, 504 if calls of <id> stay open
+                                       500 if a call of <id> could not be recorded whole (which, and
+                                       why: `CallsFailed`), 503 after a recording failure, 504 if
+                                       calls of <id> stay open
 
 A runner grades a rollout from its recorded calls the moment the harness
 exits. The writer flushes on its own clock in another process, so without a
@@ -33,12 +35,13 @@ from urllib.parse import quote, unquote
 
 from mitmproxy import http
 
-from .writer_process import RecorderFailure
+from .writer_process import CallsFailed, RecorderFailure
 
 PREFIX = "/_forge/"
 READY_PATH = PREFIX + "ready"
 SESSIONS = "sessions"
 FLUSH = "flush"
+CALLS_FAILED = "forgerl_calls_failed"
 BARRIER_TIMEOUT_S = 120  # the client's: the recorder itself gives up on open calls sooner
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
 
@@ -82,6 +85,8 @@ async def answer(flow: http.HTTPFlow, recording: Recording) -> None:
             flow.response = _json(200, {"session": session, "calls": calls})
         except RecorderFailure as e:
             flow.response = refusal(str(e))
+        except CallsFailed as e:
+            flow.response = _json(500, {"error": {"type": CALLS_FAILED, "message": str(e)}})
         except TimeoutError as e:
             flow.response = _json(504, {"error": {"type": "forgerl_barrier_timeout", "message": str(e)}})
         except LookupError as e:
@@ -117,11 +122,14 @@ class RecorderControl:
         except urllib.error.HTTPError as e:
             body = e.read()
             try:
-                message = json.loads(body)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = body.decode(errors="replace")[:300] or e.reason
+                error = json.loads(body)["error"]
+                kind, message = error.get("type"), error["message"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+                kind, message = None, body.decode(errors="replace")[:300] or e.reason
             if e.code == 503:
                 raise RecorderFailure(message) from None
+            if kind == CALLS_FAILED:
+                raise CallsFailed(message) from None
             raise BarrierError(f"{method} {path}: HTTP {e.code}: {message}") from None
         except OSError as e:  # refused, reset, timed out: the recorder is gone
             raise RecorderUnreachable(f"recorder at {self.url} unreachable: {e}") from None
@@ -145,6 +153,7 @@ class RecorderControl:
 
     def flush(self, session: str, now: bool = False) -> int:
         """Block until every call of `session` is on disk, by the writer's next flush on its clock or one at once
-        (`now`: nothing else keeps the machine busy meanwhile); how many there are."""
+        (`now`: nothing else keeps the machine busy meanwhile); how many there are. `CallsFailed` if one of them
+        could not be recorded whole."""
         path = f"{PREFIX}{SESSIONS}/{quote(session, safe='')}/{FLUSH}" + ("?now=1" if now else "")
         return int(self._call("POST", path)["calls"])

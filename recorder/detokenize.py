@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 class Detokenizer:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer

@@ -4,7 +4,9 @@ A policy takes the prompt as token ids (the gateway renders the chat
 template, so the ids are exactly what the model conditions on) and returns
 the generated ids with their logprobs: whole (`generate`) or, when it can,
 as they are generated (`stream`, a series of `Delta`s; `deltas` gives one
-whole delta for a policy that cannot stream). Three implementations:
+whole delta for a policy that cannot stream). A `ChatPolicy` also has a
+chat endpoint that renders the prompt itself, images included (`chat`, for
+`serve_vl.py`). Three implementations:
 
 - `HTTPPolicy`: an OpenAI-compatible server speaking vLLM's protocol:
   `POST /v1/completions` with `prompt` = token ids, `return_token_ids: true`
@@ -13,7 +15,9 @@ whole delta for a policy that cannot stream). Three implementations:
   `stream: true` each SSE chunk carries the same fields for the tokens it
   adds (vLLM's `CompletionResponseStreamChoice`), the last one the
   `finish_reason`; an error mid-stream is an `{"error": ...}` chunk. A
-  server that answers a streamed request whole (JSON) is one delta.
+  server that answers a streamed request whole (JSON) is one delta. Its
+  chat endpoint: `POST /v1/chat/completions` with `return_token_ids`, which
+  returns `prompt_token_ids`, per-choice `token_ids` and `logprobs.content`.
 - `ScriptedPolicy`: emits chosen texts as token sequences (logprob 0: a
   deterministic policy), so tests can make a real harness run real tools.
 - veRL's rollout servers, through `forgerl.trainer.agent_loop` (Ray calls).
@@ -24,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
@@ -47,6 +51,10 @@ class Generation:
     logprobs: list[float] | None
     finish_reason: str  # "stop" (end of turn) | "length"
 
+    def delta(self) -> Delta:
+        """The whole generation as one streamed step."""
+        return Delta(self.token_ids, self.logprobs, self.finish_reason)
+
 
 @dataclass
 class Delta:
@@ -65,6 +73,14 @@ class StreamingPolicy(Policy, Protocol):
     def stream(self, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]: ...
 
 
+@runtime_checkable
+class ChatPolicy(Protocol):
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   sampling: Sampling) -> tuple[list[int], Generation]:
+        """Chat messages in (the engine renders them): the prompt ids it used, and the generation."""
+        ...
+
+
 async def deltas(policy: Policy, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
     """The policy's generation as it comes: its own stream, or its whole generation as one delta."""
     stream = getattr(policy, "stream", None)
@@ -72,8 +88,7 @@ async def deltas(policy: Policy, prompt_ids: list[int], sampling: Sampling) -> A
         async for delta in stream(prompt_ids, sampling):
             yield delta
         return
-    whole = await policy.generate(prompt_ids, sampling)
-    yield Delta(whole.token_ids, whole.logprobs, whole.finish_reason)
+    yield (await policy.generate(prompt_ids, sampling)).delta()
 
 
 class PolicyError(Exception):
@@ -105,8 +120,7 @@ class HTTPPolicy:
                 if response.status != 200:
                     raise PolicyError(f"policy server answered {response.status}: {(await response.text())[:300]}")
                 if response.content_type == "application/json":  # a server that does not stream answers whole
-                    whole = _generation(await response.json())
-                    yield Delta(whole.token_ids, whole.logprobs, whole.finish_reason)
+                    yield _generation(await response.json()).delta()
                     return
                 decoder = SSEDecoder()
                 async for chunk in response.content.iter_any():
@@ -118,13 +132,42 @@ class HTTPPolicy:
             raise PolicyError(f"policy server {self.url}: {e}") from e
         raise PolicyError(f"policy server {self.url}: the stream ended without [DONE]")
 
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   sampling: Sampling) -> tuple[list[int], Generation]:
+        """One chat completion: the prompt ids the engine rendered (images expanded), and the generation."""
+        body = {"model": self.served_model, "messages": messages, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": True,
+                "return_token_ids": True, "skip_special_tokens": False, **sampling.extra}
+        if tools:
+            body["tools"] = tools
+        try:
+            async with self._client().post(f"{self.url}/v1/chat/completions", json=body) as response:
+                data = await response.json(content_type=None)
+                if response.status != 200:
+                    raise PolicyError(f"policy chat endpoint answered {response.status}: {str(data)[:300]}")
+        except (aiohttp.ClientError, ValueError) as e:
+            raise PolicyError(f"policy chat endpoint {self.url}: {e}") from e
+        if not isinstance(data, dict):
+            raise PolicyError(f"policy chat endpoint {self.url} answered {str(data)[:300]}")
+        choice = (data.get("choices") or [{}])[0]
+        prompt_ids, token_ids = data.get("prompt_token_ids"), choice.get("token_ids")
+        if not isinstance(prompt_ids, list) or not isinstance(token_ids, list):
+            raise PolicyError(f"policy chat endpoint {self.url} returned no token ids (vLLM's return_token_ids)")
+        content = (choice.get("logprobs") or {}).get("content")
+        logprobs = [entry["logprob"] for entry in content] if content and len(content) == len(token_ids) else None
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        return prompt_ids, Generation(token_ids, logprobs, finish)
+
     def _post(self, prompt_ids: list[int], sampling: Sampling, stream: bool) -> Any:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
         body = {"model": self.served_model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 1,
                 "return_token_ids": True, "stream": stream, **sampling.extra}
-        return self._session.post(f"{self.url}/v1/completions", json=body)
+        return self._client().post(f"{self.url}/v1/completions", json=body)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
 
     async def close(self) -> None:
         if self._session is not None:

@@ -3,7 +3,8 @@
 `forge-record serve` runs it in the foreground; `forge-record run` and tests
 run it on a background thread (`BackgroundRecorder`) while a harness talks to it.
 Either way, a proxy that stopped because recording failed raises
-`RecorderFailure` when it ends, so its owner exits non-zero.
+`RecorderFailure` when it ends, so its owner exits non-zero; one that stopped
+with calls it could not record whole says how many (`Recorder.call_failures`).
 """
 
 from __future__ import annotations
@@ -174,21 +175,24 @@ def _raise_failure(master: mitm_master.Master) -> None:
         raise RecorderFailure(failure)
 
 
-async def _run(master: mitm_master.Master) -> None:
-    """Run until shut down; failing to start closes the writer (mitmproxy does not), so a folder it made can go."""
+async def _run(master: mitm_master.Master) -> int:
+    """Run until shut down; failing to start closes the writer (mitmproxy does not), so a folder it made can go.
+    How many calls could not be recorded whole."""
     try:
         await master.run()
     except Exception:
         master.addons.get("recorder").done()
         raise
     _raise_failure(master)
+    return master.addons.get("recorder").call_failures
 
 
-def serve_forever(config: RecorderConfig, on_ready=None) -> None:
+def serve_forever(config: RecorderConfig, on_ready=None) -> int:
     """Run until SIGINT/SIGTERM or a recording failure (raised); the writer flushes and closes on the way out.
-    Failing to start (bad input) is a `UserError`, with no dataset folder left behind."""
+    Failing to start (bad input) is a `UserError`, with no dataset folder left behind. How many calls could not
+    be recorded whole."""
 
-    async def main() -> None:
+    async def main() -> int:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(_ignore_cancelled)
         master, ready = build_master(config, loop)
@@ -196,16 +200,17 @@ def serve_forever(config: RecorderConfig, on_ready=None) -> None:
             loop.add_signal_handler(sig, master.shutdown)
         if on_ready:
             loop.create_task(_when_ready(ready, on_ready))
-        await _run(master)
+        return await _run(master)
 
     failed: RecorderFailure | None = None
     with removed_on_user_error(config.out):  # only a failure to start removes a new --out folder
         try:
-            asyncio.run(main())
+            failures = asyncio.run(main())
         except RecorderFailure as e:
             failed = e
     if failed is not None:
         raise failed
+    return failures
 
 
 async def _when_ready(ready: _Ready, callback) -> None:
@@ -224,6 +229,7 @@ class BackgroundRecorder:
         self._ready: _Ready | None = None
         self._failure: BaseException | None = None
         self._built = threading.Event()
+        self.call_failures = 0  # once stopped: how many calls could not be recorded whole
 
     def start(self, timeout: float = 30) -> BackgroundRecorder:
         self._thread = threading.Thread(target=self._run, name="forgerl-recorder", daemon=True)
@@ -237,15 +243,15 @@ class BackgroundRecorder:
         return self
 
     def _run(self) -> None:
-        async def main() -> None:
+        async def main() -> int:
             loop = asyncio.get_running_loop()
             loop.set_exception_handler(_ignore_cancelled)
             self._master, self._ready = build_master(self.config, loop)
             self._built.set()
-            await _run(self._master)
+            return await _run(self._master)
 
         try:
-            asyncio.run(main())
+            self.call_failures = asyncio.run(main())
         except BaseException as e:  # reported by start()
             self._failure = e
         finally:

@@ -1,44 +1,41 @@
-"""Serve mode: answer the harness's own API from a policy, token-in / token-out.
+"""Serve mode: answer the harness's own API from a policy.
 
     harness ──▶ forge-record (mitmproxy + addon, records as usual)
-                    ──▶ PolicyGateway (aiohttp, loopback) ──▶ policy (vLLM /v1/completions, veRL servers)
+                    ──▶ PolicyGateway (aiohttp, loopback) ──▶ policy (vLLM, veRL servers)
 
 The recorder needs no special case: the gateway is its upstream. Per call the
 gateway parses the request with the recorder's own codec (Anthropic
-Messages, OpenAI Responses, Chat Completions, Gemini), renders the conversation with
-the tokenizer's chat template (`forgerl.schema.chat`), asks the policy for a
-completion of exactly those token ids, parses the generated text into
-reasoning / text / tool calls (`forgerl.schema.toolcalls`, in the format the
-template writes or `--tool-format` names), and has the same codec write that
-`Answer` in the harness's API. The token ids and logprobs ride back in the
-answer (`policy_tokens`), so the recorded call holds them; the recorder tags
-the call with the policy version itself.
+Messages, OpenAI Responses, Chat Completions, Gemini), has a generator
+(`generate.py`, the seam) make the turn's prompt and tokens: token ids in
+(`TokenGenerator`: the tokenizer's chat template rendered here, a
+token-in/token-out policy completes the ids), or the policy's chat endpoint
+for a call that holds images (`serve_vl.ChatGenerator`). It parses the
+generated text into reasoning / text / tool calls (`forgerl.schema.toolcalls`,
+in the format the template writes or `--tool-format` names) and has the same
+codec write that `Answer` in the harness's API. Generators only generate:
+building, streaming and finishing the turn, and the response's headers, are
+the gateway's alone, one way for both. The token ids and logprobs ride back
+in the answer (`policy_tokens`), so the recorded call holds them; the
+recorder tags the call with the policy version itself.
 
-Streaming. When the harness asks for a stream, the gateway asks the policy for
-one too (`Policy.stream`; a policy that cannot stream answers in one delta)
-and forwards each delta at once: its ids are detokenized (`detokenize`),
-parsed (`TurnParser`) and written by the codec's `StreamWriter` (reasoning
-and text as deltas, each tool call as one whole block when it closes). The
-stream's head (message start, response created) goes out before the first
-token. A policy error mid-stream is written as the API's error event, which
-the recorder stores as the call's error; a harness that hangs up mid-stream
-closes the policy's stream. The recorded completion ids are the
-concatenated deltas' ids, their logprobs the deltas' logprobs. Nothing on the
-way to the first token waits on a thread when the request is small: its
-prompt is built on the loop (`_INLINE_PROMPT_BYTES`), a long one on a worker
-thread so the other calls' streams keep flowing (bench/README.md, serve).
+Streaming. When the harness asks for a stream, the gateway forwards each
+delta the generator yields at once (a token-in policy streams when it can,
+`Policy.stream`; the chat endpoint answers in one delta): its ids are
+detokenized (`detokenize`), parsed (`TurnParser`) and written by the codec's
+`StreamWriter` (reasoning and text as deltas, each tool call as one whole
+block when it closes). The stream's head (message start, response created)
+goes out before the first token. A policy error mid-stream is written as the
+API's error event, which the recorder stores as the call's error; one before
+the first token is a 502; a harness that hangs up mid-stream closes the
+generator's stream. The recorded completion ids are the concatenated deltas'
+ids, their logprobs the deltas' logprobs.
 
-Token continuity: harnesses resend the whole history each call. When a
-request's messages continue an earlier answer (its input + its output +
-new tool results or user turns), the prompt is that earlier call's prompt ids
-+ the ids the model generated + only the newly rendered tail, so a rollout is
-one token sequence exactly as the model produced it (no re-tokenisation
-drift, no `<think>` stripped from history). Otherwise the whole conversation
-is rendered afresh (a new segment: compaction, subagents, edited history).
-Every answer names itself and the answer it continues in two response
-headers (`X-Forge-Answer`, `X-Forge-Continues`), which the recorder stores:
-the thread segmenter (`forgerl.schema.segments`) takes them as the decision
-for served calls instead of inferring it again.
+Segments. Every answer names itself and the answer its prompt continues (the
+generator says which: `Prompt.continues`) in two response headers
+(`X-Forge-Answer`, `X-Forge-Continues`), which the recorder stores: the
+thread segmenter (`forgerl.schema.segments`) takes them as the decision for
+served calls instead of inferring it again. A finished answer is remembered
+(`PromptBuilder.remember`) for the calls that will continue it.
 
 Sampling (temperature, top_p) is the gateway's, set by whoever trains; a
 request's `max_tokens` is honoured up to the gateway's cap.
@@ -50,7 +47,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections import OrderedDict
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -59,101 +55,25 @@ from aiohttp import web
 
 from forgerl.errors import UserError
 from forgerl.schema.chat import chat_tools, to_chat_messages
-from forgerl.schema.messages import Exchange, Usage, canonical_json, sha256_hex
+from forgerl.schema.messages import Usage
 from forgerl.schema.segments import ANSWER_HEADER, CONTINUES_HEADER
 from forgerl.schema.toolcalls import ParsedTurn, ToolCallFormat, TurnParser, format_for_template, format_named
 
-from .apis import ANTHROPIC, CHAT, GEMINI, RESPONSES, codec_for, parse_call
+from .apis import ANTHROPIC, CHAT, GEMINI, RESPONSES, Codec, codec_for, parse_call
 from .apis.answer import Answer, Frame, StreamWriter, chunks, new_id
 from .detokenize import Detokenizer
-from .policy import Delta, Policy, PolicyError, Sampling, deltas
+from .generate import Call, Generator, Prompt, PromptBuilder, Started, TokenGenerator
+from .policy import ChatPolicy, Delta, Policy, PolicyError, Sampling
+from .serve_vl import ChatGenerator, has_images
 
 log = logging.getLogger(__name__)
 
 _MAX_TOKEN_KEYS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
-# Rendering and encoding a prompt costs about 0.1-0.4 ms per KiB of request (the encode dominates), and blocks
-# every other call's stream while it runs on the loop. Requests up to this size build on the loop, which saves a
-# worker-thread hop (0.5 ms and up on a busy machine) from their time to first token; larger ones build on a thread.
-_INLINE_PROMPT_BYTES = 4096
-
-
-@dataclass
-class Prompt:
-    ids: list[int]
-    continues: str | None  # the answer whose ids it is built on (None: rendered afresh, a new segment)
-    answer_id: str = field(default_factory=lambda: new_id("fa_"))  # names the answer to this prompt
-
-    def headers(self) -> dict[str, str]:
-        """What the recorder stores for the segmenter: this answer, and the answer it continues."""
-        return {ANSWER_HEADER: self.answer_id, CONTINUES_HEADER: self.continues or ""}
-
-
-class PromptBuilder:
-    """Chat messages to prompt ids, continuing earlier answers' token ids where the history allows."""
-
-    def __init__(self, tokenizer: Any, remember: int = 4096, chat_template_kwargs: dict[str, Any] | None = None):
-        self.tokenizer = tokenizer
-        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-        self.kwargs = dict(chat_template_kwargs or {})
-        self._known: OrderedDict[str, tuple[list[int], str]] = OrderedDict()  # prefix key -> ids, answer id
-        self._remember = remember
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=generation_prompt, **self.kwargs)
-
-    def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Prompt:
-        full = self.render(messages, tools, True)
-        keys = _prefix_keys(messages, tools)
-        for k in range(len(messages), 0, -1):
-            known = self._known.get(keys[k])
-            if known is None:
-                continue
-            # The tail starts right after the end-of-turn token that closes message k-1 in the full
-            # render. Found by counting those tokens, not by comparing prefixes: templates render the
-            # last message differently (Qwen3 adds an empty <think> block to a final assistant turn).
-            turns = self.render(messages[:k], tools, False).count(self.tokenizer.eos_token)
-            end = _nth(full, self.tokenizer.eos_token, turns)
-            if end < 0:
-                break
-            ids, answer = known
-            return Prompt(ids + self.tokenizer.encode(full[end:], add_special_tokens=False), answer)
-        return Prompt(self.tokenizer.encode(full, add_special_tokens=False), None)
-
-    def remember(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 answer: list[dict[str, Any]], ids: list[int], answer_id: str) -> None:
-        """An answer that ended its turn: later requests that repeat it continue from `ids`."""
-        if not ids or ids[-1] != self.eos_id:
-            return
-        key = _prefix_keys(messages + answer, tools)[-1]
-        self._known[key] = (ids, answer_id)
-        self._known.move_to_end(key)
-        while len(self._known) > self._remember:
-            self._known.popitem(last=False)
-
-
-def _nth(text: str, token: str, n: int) -> int:
-    """The index just past the n-th occurrence of `token` in `text` (-1 if there are fewer)."""
-    at = 0
-    for _ in range(n):
-        found = text.find(token, at)
-        if found < 0:
-            return -1
-        at = found + len(token)
-    return at if n else -1
-
-
-def _prefix_keys(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[str]:
-    """keys[k] identifies (tools, messages[:k]); chained, so all prefixes cost one pass over the history."""
-    keys = [sha256_hex(canonical_json(tools or []))]
-    for message in messages:
-        keys.append(sha256_hex(keys[-1] + canonical_json(message)))
-    return keys
 
 
 class PolicyGateway:
-    """An aiohttp app on loopback that answers Anthropic, Responses, Chat and Gemini calls from a policy."""
+    """An aiohttp app on loopback that answers Anthropic, Responses, Chat and Gemini calls from a policy:
+    through `tokens` (token ids in), or `images` for calls that hold images where the policy has a chat endpoint."""
 
     def __init__(self, policy: Policy, tokenizer: Any, served_model: str, sampling: Sampling | None = None,
                  fmt: ToolCallFormat | None = None,
@@ -164,6 +84,8 @@ class PolicyGateway:
         self.sampling = sampling or Sampling()
         self.fmt = fmt or format_for_template(getattr(tokenizer, "chat_template", None))
         self.prompts = PromptBuilder(tokenizer, chat_template_kwargs=chat_template_kwargs)
+        self.tokens: Generator = TokenGenerator(policy, self.prompts)
+        self.images: Generator | None = ChatGenerator(policy, self.prompts) if isinstance(policy, ChatPolicy) else None
         self.calls = 0
         self.new_segments = 0
         self.malformed_calls = 0  # call-shaped text the format could not read: left as text, counted here
@@ -177,10 +99,8 @@ class PolicyGateway:
         app.router.add_post("/{tail:.*}", self._post)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-        self.url = f"http://{host}:{bound[1]}"
+        await web.TCPSite(self._runner, host, port).start()
+        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
         return self.url
 
     async def close(self) -> None:
@@ -210,29 +130,37 @@ class PolicyGateway:
         if codec not in (ANTHROPIC, RESPONSES, CHAT, GEMINI):
             return _error(404, f"serve mode does not answer {request.path}")
         exchange = parse_call(codec, request.path, body)
-        from . import serve_vl  # image-bearing calls go to the policy's chat endpoint (its module says why)
-
-        if serve_vl.has_images(exchange):
-            return await serve_vl.answer(self, request, codec, exchange, body)
-        turn = await self._turn(exchange, "toolu_" if codec is ANTHROPIC else "call_", request.content_length)
-        if _streamed(codec, request.path, body):
-            return await self._stream(request, turn, codec.stream_writer(turn.head, body))
+        generator = self.images if has_images(exchange) else self.tokens
+        if generator is None:
+            return _error(400, "this call holds images: serve mode sends them to a vLLM-protocol chat endpoint, "
+                               "which needs --policy URL")
+        call = Call(exchange, to_chat_messages(exchange.input), chat_tools(exchange.tools) or None,
+                    self._sampling(exchange.params), request.content_length)
         try:
-            async for delta in deltas(self.policy, turn.prompt.ids, turn.sampling):
+            started = await generator.start(call)
+        except PolicyError as e:
+            log.warning("policy failed: %s", e)
+            return _error(502, str(e))
+        turn = self._turn(call, started.prompt, codec)
+        if _streamed(codec, request.path, body):
+            return await self._stream(request, turn, started, codec.stream_writer(turn.head, body))
+        try:
+            async for delta in started.deltas:
                 turn.add(delta)
         except PolicyError as e:
             log.warning("policy failed: %s", e)
             return _error(502, str(e))
-        return web.json_response(codec.render_response(self._finish(turn), body), headers=turn.prompt.headers())
+        return web.json_response(codec.render_response(self._finish(turn), body), headers=turn.headers())
 
-    async def _stream(self, request: web.Request, turn: Turn, writer: StreamWriter) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, turn: Turn, started: Started,
+                      writer: StreamWriter) -> web.StreamResponse:
         """Forward the turn as the policy generates it: each delta's text is parsed and written at once."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               **turn.prompt.headers()})
+                                               **turn.headers()})
         await response.prepare(request)
         await _send(response, writer.start())
         try:  # closing the policy's stream when the harness goes away stops the generation
-            async with aclosing(deltas(self.policy, turn.prompt.ids, turn.sampling)) as generated:
+            async with aclosing(started.deltas) as generated:
                 async for delta in generated:
                     await _send(response, turn.tell(writer, turn.add(delta)))
         except ConnectionResetError:
@@ -256,19 +184,15 @@ class PolicyGateway:
         return web.json_response({"input_tokens": len(self.tokenizer.encode(text, add_special_tokens=False))})
 
     # -- the turn -------------------------------------------------------------------
-    async def _turn(self, exchange: Exchange, id_prefix: str, body_bytes: int | None = None) -> Turn:
-        messages = to_chat_messages(exchange.input)
-        tools = chat_tools(exchange.tools) or None
-        if body_bytes is not None and body_bytes <= _INLINE_PROMPT_BYTES:  # no thread hop before the first token
-            prompt = self.prompts.build(messages, tools)
-        else:
-            prompt = await asyncio.to_thread(self.prompts.build, messages, tools)
-        head = Answer(id=new_id(), model=exchange.model_requested or self.served_model, turn=ParsedTurn(None, "", ()),
-                      call_ids=(), usage=Usage(input_tokens=len(prompt.ids), output_tokens=0, cache_read_tokens=0,
-                                               cache_write_tokens=0),
+    def _turn(self, call: Call, prompt: Prompt, codec: Codec) -> Turn:
+        """The turn to come, and what is known of its answer before the first token."""
+        head = Answer(id=new_id(), model=call.exchange.model_requested or self.served_model,
+                      turn=ParsedTurn(None, "", ()), call_ids=(),
+                      usage=Usage(input_tokens=len(prompt.ids), output_tokens=0, cache_read_tokens=0,
+                                  cache_write_tokens=0),
                       created=int(time.time()), prompt_token_ids=prompt.ids)
-        parser = TurnParser(self.fmt, tools, in_reasoning=self._opens_reasoning(prompt.ids))
-        return Turn(head, messages, tools, prompt, self._sampling(exchange.params), id_prefix, parser,
+        parser = TurnParser(self.fmt, call.tools, in_reasoning=self._opens_reasoning(prompt.ids))
+        return Turn(head, call, prompt, "toolu_" if codec is ANTHROPIC else "call_", parser,
                     Detokenizer(self.tokenizer), self.prompts.eos_id)
 
     def _opens_reasoning(self, prompt_ids: list[int]) -> bool:
@@ -283,7 +207,8 @@ class PolicyGateway:
         self.new_segments += turn.prompt.continues is None
         self.malformed_calls += answer.turn.malformed
         said = to_chat_messages([answer.message()])
-        self.prompts.remember(turn.messages, turn.tools, said, turn.prompt.ids + turn.ids, turn.prompt.answer_id)
+        self.prompts.remember(turn.call.messages, turn.call.tools, said, turn.prompt.ids + turn.ids,
+                              turn.prompt.answer_id)
         return answer
 
     def _sampling(self, params: dict[str, Any]) -> Sampling:
@@ -298,10 +223,8 @@ class Turn:
     """One call's generation as it arrives: the ids and logprobs so far, and their text parsed so far."""
 
     head: Answer  # what is known before the first token
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
+    call: Call
     prompt: Prompt
-    sampling: Sampling
     id_prefix: str
     parser: TurnParser
     text: Detokenizer
@@ -310,6 +233,10 @@ class Turn:
     logprobs: list[float] | None = field(default_factory=list)
     finish: str = "length"
     call_ids: list[str] = field(default_factory=list)
+
+    def headers(self) -> dict[str, str]:
+        """What the recorder stores for the segmenter: this answer, and the answer it continues."""
+        return {ANSWER_HEADER: self.prompt.answer_id, CONTINUES_HEADER: self.prompt.continues or ""}
 
     def add(self, delta: Delta) -> list[tuple[str, Any]]:
         """Take a delta's tokens; the parse events their text completes. The end-of-turn token is not text."""

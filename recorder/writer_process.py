@@ -22,6 +22,15 @@ seen: the child reports it on its stdout (one JSON line per event, after the
 exits non-zero, and the proxy stops forwarding rather than pass on calls it
 cannot record.
 
+No call is dropped silently. One that cannot be recorded whole (building its
+rows raised, or a codec did: `capture.CodecBug`) is a *call failure*: its
+traceback goes to the log (stderr, redacted), what is left of it is stored
+(its raw bytes and times, where even that works), and its session's flush
+barriers fail (`"call_failures": [why, ...]` beside `"calls"`; `CallsFailed`),
+so the runner retries the rollout as an infra error instead of grading a
+transcript with a hole. The child ends with `{"call_failures": n}` and exits 1
+if n > 0; `forge-record` prints the count and exits non-zero too.
+
 Lifetime: the child reads its stdin until EOF. The proxy closes that pipe on a
 clean stop. If the proxy dies, even by kill -9, the kernel closes it. Either
 way the child writes everything it holds (open calls as incomplete) and
@@ -44,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -51,12 +61,13 @@ from typing import BinaryIO, Iterator
 
 from forgerl.errors import UserError
 
-from .capture import CapturedCall
+from .capture import BUG, CapturedCall, CodecBug
 
 _HEADER = struct.Struct(">Q")
 READY = b"ready"
 PIPE_SIZE = 1 << 20
 FLUSH_INTERVAL_S = 0.5
+FAILURES_LISTED = 5  # a barrier names this many of its session's failed calls, then counts the rest
 
 
 class RecorderFailure(UserError, OSError):
@@ -65,6 +76,18 @@ class RecorderFailure(UserError, OSError):
     Not a bug in forgerl but a failing machine (a killed process, a full disk): the verbs say it in one line
     and exit non-zero. A serve that fails mid-run keeps the dataset it made (`proxy.serve`).
     """
+
+
+class CallsFailed(RuntimeError):
+    """Calls of a session could not be recorded whole (a bug, logged with its traceback): its flush barrier says
+    which and why, and a rollout on it is an infra error rather than graded on what was recorded."""
+
+    @classmethod
+    def of(cls, session: str, failures: list[str]) -> CallsFailed:
+        listed = "; ".join(failures[:FAILURES_LISTED])
+        more = f" (and {len(failures) - FAILURES_LISTED} more)" if len(failures) > FAILURES_LISTED else ""
+        return cls(f"{len(failures)} call{'s' if len(failures) != 1 else ''} of session {session!r} could not be "
+                   f"recorded whole (the recorder's log has the tracebacks): {listed}{more}")
 
 
 def _write_frame(pipe: BinaryIO, batch: list) -> None:
@@ -97,7 +120,8 @@ class WriterClient:
     mitmproxy's hooks stay cheap; the thread does the serialising and the pipe
     writes. Another thread reads the child's answers: flush acknowledgements,
     or a failure. Once the child fails or dies, `failure` says why and
-    `on_failure` is called once (from that thread).
+    `on_failure` is called once (from that thread). After `close`,
+    `call_failures` is how many calls the child could not record whole.
     """
 
     def __init__(self, root: str | os.PathLike, *, tick: float = 0.05, progress_every: float = 0.25,
@@ -109,18 +133,21 @@ class WriterClient:
             self.proc.stdout.close()
             self.proc.stdin.close()
             self.proc.wait()
-            message = line.decode(errors="replace").removeprefix("error: ")
-            raise ValueError(message or f"forgerl writer process exited with status {self.proc.returncode}")
+            if line.startswith(b"error: "):  # the root it was given cannot be opened: the user's to fix
+                raise UserError(line.decode(errors="replace").removeprefix("error: "))
+            raise RuntimeError(f"forgerl writer process exited with status {self.proc.returncode} (its traceback "
+                               "is above)")
         try:  # room for a burst in the kernel, where it survives our death, rather than in our memory
             fcntl.fcntl(self.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         except OSError:
             pass  # above /proc/sys/fs/pipe-max-size: the default size still works
         self.tick, self.progress_every = tick, progress_every
         self.failure: str | None = None
+        self.call_failures = 0
         self._on_failure = on_failure
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
-        self._acks: dict[int, Future] = {}
+        self._acks: dict[int, tuple[Future, str]] = {}
         self._ack_lock = threading.Lock()
         self._events: deque[tuple[str, CapturedCall | None, object]] = deque()
         self._open: dict[str, tuple[CapturedCall, int, dict]] = {}  # the sender thread's alone
@@ -151,7 +178,8 @@ class WriterClient:
         """Make every call of `session` handed over so far durable; the future gets how many there are.
 
         The writer flushes on its clock, or at once with `now` (`Flusher.request`). It fails with
-        `RecorderFailure` if the writer process fails first.
+        `RecorderFailure` if the writer process fails first, and with `CallsFailed` if a call of `session`
+        could not be recorded whole.
         """
         future: Future = Future()
         token = next(self._tokens)
@@ -159,7 +187,7 @@ class WriterClient:
             if self.failure is not None:
                 future.set_exception(RecorderFailure(self.failure))
                 return future
-            self._acks[token] = future
+            self._acks[token] = (future, session)
         self._events.append(("flush", None, (token, session, now)))
         self._wake.set()  # not a tick later: the runner is waiting
         return future
@@ -190,7 +218,7 @@ class WriterClient:
             self.failure = why
             waiting, self._acks = self._acks, {}
         print(f"forgerl: {why}; calls are no longer recorded", flush=True)
-        for future in waiting.values():
+        for future, _ in waiting.values():
             future.set_exception(RecorderFailure(why))
         if self._on_failure is not None:
             self._on_failure(why)
@@ -202,9 +230,16 @@ class WriterClient:
             if "failed" in answer:
                 self._fail(f"writer process failed: {answer['failed']}")
                 continue
+            if "flushed" not in answer:  # its last line, as it exits
+                self.call_failures = answer["call_failures"]
+                continue
             with self._ack_lock:
-                future = self._acks.pop(answer["flushed"], None)
-            if future is not None:
+                future, session = self._acks.pop(answer["flushed"], (None, ""))
+            if future is None:
+                continue
+            if answer.get("call_failures"):
+                future.set_exception(CallsFailed.of(session, answer["call_failures"]))
+            else:
                 future.set_result(answer["calls"])
         self.proc.stdout.close()
         if not self._closing:
@@ -280,17 +315,17 @@ class Flusher:
 
     def __init__(self, writer, channel: BinaryIO, interval: float = FLUSH_INTERVAL_S):
         self.writer, self.channel, self.interval = writer, channel, interval
-        self._pending: list[tuple[int, int]] = []
+        self._pending: list[tuple[int, int, list[str]]] = []
         self._wake = threading.Condition()
         self._stop = self._now = False
         self._thread = threading.Thread(target=self._run, name="forgerl-flusher", daemon=True)
         self._thread.start()
 
-    def request(self, token: int, calls: int, now: bool = False) -> None:
-        """Acknowledge `token` with `calls` once everything added so far is on disk: after the clock's next flush,
-        or one started at once (`now`)."""
+    def request(self, token: int, calls: int, now: bool = False, failures: list[str] | None = None) -> None:
+        """Acknowledge `token` with `calls` (and the session's call `failures`, if any) once everything added so far
+        is on disk: after the clock's next flush, or one started at once (`now`)."""
         with self._wake:
-            self._pending.append((token, calls))
+            self._pending.append((token, calls, failures or []))
             if now:
                 self._now = True
                 self._wake.notify()
@@ -310,14 +345,16 @@ class Flusher:
             try:
                 self.writer.flush()
             except Exception as e:
-                self._send({"failed": f"flush failed: {type(e).__name__}: {e}"})
+                traceback.print_exc()
+                self.send({"failed": f"flush failed: {type(e).__name__}: {e}"})
                 os._exit(3)  # rows are lost: no clean close that would pretend otherwise
-            for token, calls in pending:
-                self._send({"flushed": token, "calls": calls})
+            for token, calls, failures in pending:
+                self.send({"flushed": token, "calls": calls, **({"call_failures": failures} if failures else {})})
             if stopping:
                 return
 
-    def _send(self, answer: dict) -> None:
+    def send(self, answer: dict) -> None:
+        """One answer to the proxy (the clock's thread, and the process's last line once the clock has stopped)."""
         try:
             self.channel.write(json.dumps(answer).encode() + b"\n")
             self.channel.flush()
@@ -329,10 +366,12 @@ class CallSink:
     """Rebuilds calls from messages and records them; runs in the writer process.
 
     `recorded` counts each session's calls handed to the writer, which a
-    flush barrier (`barrier(token, calls, now)`) reports once they are on disk.
+    flush barrier (`barrier(token, calls, now, failures)`) reports once they
+    are on disk, with `failures`, why each of the session's calls that could
+    not be recorded whole was not; `failed` counts those of every session.
     """
 
-    def __init__(self, writer, barrier: Callable[[int, int, bool], None]) -> None:
+    def __init__(self, writer, barrier: Callable[[int, int, bool, list[str]], None]) -> None:
         from .redact import Redactor
 
         self.writer = writer
@@ -342,6 +381,8 @@ class CallSink:
         self.labels: dict | None = None
         self.calls: dict[str, CapturedCall] = {}
         self.recorded: Counter[str] = Counter()
+        self.failures: dict[str, list[str]] = {}
+        self.failed = 0
 
     def handle(self, message: tuple) -> None:
         kind = message[0]
@@ -361,7 +402,7 @@ class CallSink:
             self._record(call, user_agent)
         elif kind == "flush":
             _, token, session, now = message
-            self.barrier(token, self.recorded[session], now)
+            self.barrier(token, self.recorded[session], now, list(self.failures.get(session, ())))
         else:
             raise ValueError(f"unknown message {kind!r}")
 
@@ -376,20 +417,62 @@ class CallSink:
         if "images" in settings:
             self.images = settings["images"]
 
+    def close(self) -> None:
+        """Record the calls still open as they are (incomplete), through the same checks as finished ones."""
+        for call in list(self.calls.values()):
+            self._record(call, dict((k.lower(), v) for k, v in call.request_headers).get("user-agent", ""))
+        self.calls.clear()
+
     def _record(self, call: CapturedCall, user_agent: str) -> None:
         from .harness import identify
 
+        bug: CodecBug | None = None
         try:
-            record = call.to_record(self.redactor, images=self.images)
+            try:
+                record = call.to_record(self.redactor, images=self.images)
+            except CodecBug as e:  # what was read is stored; the bug is reported below
+                record, bug = e.record, e
             hid = identify(record.request_headers or {}, record.exchange)
             self.writer.add_session(call.session_id, harness=hid.name, harness_rank=hid.rank,
                                     harness_evidence=hid.evidence, user_agent=user_agent, labels=self.labels)
             self.writer.add_call(record)
-            self.recorded[call.session_id] += 1
-        except Exception as e:  # never let one odd call stop the recorder
+        except Exception as e:  # never let one odd call stop the recorder, nor pass unseen
+            why = self.redactor.text(f"{BUG}: recording it raised {type(e).__name__}: {e}")
+            self.fail(call, e, why, kept=self._keep_raw(call, why, user_agent))
+            return
+        self.recorded[call.session_id] += 1
+        if bug is not None:
+            self.fail(call, bug, str(bug), kept=True)
+
+    def _keep_raw(self, call: CapturedCall, why: str, user_agent: str) -> bool:
+        """After a failure, store what the in-flight snapshot would: raw bytes and times, `why` as the error."""
+        try:
+            record = call.to_record(self.redactor, full=False, images=self.images)
+            record.error = why
+            self.writer.add_session(call.session_id, user_agent=user_agent, labels=self.labels)
+            self.writer.add_call(record)
+        except Exception as e:
             self.writer.untrack(call.call_id)
-            print(f"forgerl: could not record call {call.call_id}: {type(e).__name__}: {e}", file=sys.stderr,
-                  flush=True)
+            self.log(f"forgerl: could not keep call {call.call_id} raw either", e)
+            return False
+        self.recorded[call.session_id] += 1
+        return True
+
+    def fail(self, call: CapturedCall | None, error: BaseException, why: str, kept: bool = False) -> None:
+        """Count a call not recorded whole (`None`: a message that named no call we know), log it with its
+        traceback, and have its session's barriers report `why`."""
+        self.failed += 1
+        if call is None:
+            self.log(f"forgerl: {why}", error)
+            return
+        what = f"call {call.call_id} (seq {call.seq}): {why}; " + ("its raw bytes are kept" if kept else "it is lost")
+        self.failures.setdefault(call.session_id, []).append(what)
+        self.log(f"forgerl: session {call.session_id!r}: {what}", error)
+
+    def log(self, line: str, error: BaseException) -> None:
+        """A line and the traceback of `error` on stderr, the recorder's log, masked like every stored body."""
+        text = "".join(traceback.format_exception(error))
+        print(f"{line}\n{self.redactor.text(text)}", file=sys.stderr, end="", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,8 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The Flusher owns the flush clock: the writer's own thread would only log a failed flush.
         writer = DatasetWriter(args[0], flush_interval=None)
-    except Exception as e:  # bad root, newer schema: the proxy shows this line and stops
-        channel.write(f"error: {e}\n".encode())
+    except (UserError, OSError) as e:  # bad root, newer schema: the proxy shows this line and stops (a bug: its
+        channel.write(f"error: {e}\n".encode())  # traceback on stderr, and no line)
         channel.close()
         return 2
     channel.write(READY + b"\n")
@@ -417,12 +500,14 @@ def main(argv: list[str] | None = None) -> int:
             for message in batch:
                 try:
                     sink.handle(message)
-                except Exception as e:  # one bad message must not lose the others
-                    print(f"forgerl: writer process: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                except Exception as e:  # one bad message must not lose the others; `_record` handles calls' own
+                    sink.fail(None, e, f"{BUG}: the writer process could not handle a {message[0]!r} message")
     finally:
+        sink.close()
         flusher.stop()
         writer.close()
-    return 0
+    flusher.send({"call_failures": sink.failed})
+    return 1 if sink.failed else 0
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from forgerl.harnesses import Harness, RunContext
+
 from .grading import GRADER_TIMEOUT_S, GradeInput, Judge
-from .harnesses import Harness, RunContext
 from .rollout import HarnessSlots, InfraError, NoCallsRecorded, grade_session, prepare_workspace, verdict_of
 from .sandbox import Result, Sandbox
 from .services import WALL_CLOCK_GRACE_S, service_notes

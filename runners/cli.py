@@ -64,17 +64,18 @@ from forgerl import printer
 from forgerl.analysis.pass_rates import rates_table
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
+from forgerl.harnesses import HARNESSES, get_harness, mcp_help, resume_help
 from forgerl.recorder.redact import Redactor
 from forgerl.schema.store import DatasetWriter
 
 from . import outcomes
 from .grading import Judge
-from .harnesses import HARNESSES, get_harness
 from .policy import PolicyVersionError, PolicyVersionSource
 from .rollout import KEY_SHAPES, Rollout
 from .serve import policy_recorder, upstream_recorder
 from .simulated_user import UserModel, refusal
-from .tasks import Task, load_tasks
+from .loader import load_tasks
+from .tasks import Task
 
 
 def _positive(value: str) -> int:
@@ -85,10 +86,6 @@ def _positive(value: str) -> int:
 
 def _tools_help() -> str:
     """The --help epilog: how ClawEval tasks run, and how each harness is given their tools over MCP."""
-    wiring = "\n".join(f"  {name}: {h.mcp_wiring or 'no MCP client: tasks with MCP tools cannot run in it'}"
-                       for name, h in sorted(HARNESSES.items()))
-    resuming = "\n".join(f"  {name}: {h.resumes or 'cannot resume: tasks with a simulated user cannot run in it'}"
-                         for name, h in sorted(HARNESSES.items()))
     return ("ClawEval (a folder with tasks/*/task.yaml beside mock_services/, one task folder, or a task.yaml): each\n"
             "rollout starts the task's mock services in its own network namespace (so their fixed ports never\n"
             "clash), and the harness gets the task's tools from an MCP server named `claweval` (python -m\n"
@@ -99,8 +96,8 @@ def _tools_help() -> str:
             "each final answer of the harness, and its reply (unless [DONE], or max_rounds replies were sent) goes\n"
             "to the same harness session as the next user turn, prefixed [user_agent]; the grader reads the whole\n"
             "dialogue, outcomes.extra.user_agent says rounds_used, max_rounds, done_reached. Without --user-model\n"
-            "they are skipped. How each harness resumes its session:\n" + resuming +
-            "\nMCP servers per harness:\n" + wiring)
+            "they are skipped. How each harness resumes its session:\n" + resume_help() +
+            "\nMCP servers per harness:\n" + mcp_help())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("tasks", metavar="TASKS", help="task file, folder of task files, or benchmark folder")
     p.add_argument("--harness", required=True, choices=sorted(HARNESSES),
-                   help="harness CLI to run (found on PATH, else in the project's node_modules/.bin or "
-                        ".venv-mini/bin; browser-use in .venv-browser; each configured as runners/README.md#harnesses "
-                        "says)")
+                   help="harness CLI to run (found from $FORGE_<TOOL>, PATH, the tools config file "
+                        "($FORGE_CONFIG or ~/.config/forgerl/tools.toml), else the project's pinned installs; each "
+                        "configured as runners/README.md#harnesses says)")
     p.add_argument("--upstream", default="", help="origin the recorder forwards to, http://HOST:PORT (no /v1)")
     p.add_argument("--policy", default="", metavar="URL",
                    help="instead of --upstream: answer the harness from this policy server (vLLM protocol) "
@@ -122,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="harnesses running at once (default 1); a finished rollout is graded beside the next")
     p.add_argument("--out", required=True, metavar="DATASET", help="dataset root: calls and outcomes land here")
     p.add_argument("--runner", choices=("local", "kubernetes"), default="local")
-    p.add_argument("--model", default="", help="model name passed to the harness (default: the adapter's "
+    p.add_argument("--model", default="", help="model name passed to the harness (default: its spec's "
                                                 "default_model; codex: gpt-5.4, with which it sends its tool "
                                                 "definitions)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="override every task's timeout")
@@ -159,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument("--image-registry", default="", metavar="REG",
                      help="Harbor tasks without docker_image run in REG/harbor-<task>:<hash of environment/>, "
                           "built and pushed beforehand (runners/README.md#harbor-tasks)")
-    k8s.add_argument("--pod-template", default="", metavar="YAML", help="default: deploy/pod-template.yaml")
+    k8s.add_argument("--pod-template", default="", metavar="YAML",
+                     help="default: runners/pod-template.yaml, shipped in the package")
     k8s.add_argument("--pod-tasks", default="/tasks", help="TASKS as mounted in the pods")
     k8s.add_argument("--pod-dataset", default="/data", help="the dataset root as mounted in the pods")
     return p
@@ -192,7 +190,7 @@ def _runnable(tasks: list[Task], persona_refusal: str) -> list[Task]:
 
 def _model(args: argparse.Namespace) -> str:
     """The model each rollout asks for, as its outcome records it."""
-    return args.model or get_harness(args.harness).default_model
+    return get_harness(args.harness).model_for(args.model)
 
 
 def _runner(args: argparse.Namespace, recorder_url: str):

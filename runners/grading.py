@@ -72,7 +72,8 @@ class GradeInput:
 
     @cached_property
     def messages(self) -> list[Message]:
-        """The recorded conversation in the schema's canonical model: the last call's input and output."""
+        """The recorded conversation in the schema's canonical model: the input and output of the main thread's
+        last call (`transcript.rollout_messages`), not a subagent's or a memory extractor's after it."""
         return rollout_messages(self.dataset, self.session)
 
     @cached_property

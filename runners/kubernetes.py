@@ -1,8 +1,8 @@
 """`KubernetesRunner`: one Pod per rollout, with the official `kubernetes` client.
 
-Each rollout becomes a Pod made from `deploy/pod-template.yaml` (or your own
-template): the runner sets its name, labels, image, the FORGE_* environment
-(task, session, the recorder's URL; the judge's URL and model, never a key:
+Each rollout becomes a Pod made from `pod-template.yaml` (package data beside
+this module, or your own template): the runner sets its name, labels, image,
+the FORGE_* environment (task, session, the recorder's URL; the judge's URL and model, never a key:
 keys come from a Secret the template names), resources from the task's limits
 and an `activeDeadlineSeconds`; a task with services or a verifier gets
 `CAP_SYS_ADMIN` for the jail's namespaces. The pod runs `python -m
@@ -29,6 +29,8 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import urllib3
@@ -36,15 +38,15 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from forgerl.harnesses import Harness
 from forgerl.recorder.writer_process import RecorderFailure
 
 from .grading import Judge
-from .harnesses import Harness
 from .pod import NOTES_CUT, RECORDER_FAILURE, RESULT_KEYS, logged_result
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
 from .simulated_user import UserModel
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "pod-template.yaml"
+TEMPLATE = resources.files(__package__) / "pod-template.yaml"  # package data: read where forgerl is installed
 DEADLINE_GRACE_S = 300  # pod start-up, workspace, grading: on top of the task's own timeout
 WATCH_POLL_S = 5
 RETRY_BACKOFF_S = 1.0
@@ -61,7 +63,7 @@ def label(value: str) -> str:
     return LABEL_VALUE.sub("-", value)[:63].strip("-_.") or "x"
 
 
-def load_template(path: Path = TEMPLATE) -> dict:
+def load_template(path: Path | Traversable = TEMPLATE) -> dict:
     try:
         template = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:

@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forgerl.harnesses import Harness
+
 from .attempt import AttemptConfig, inherited, run_attempt
 from .grading import Judge
-from .harnesses import Harness
 from .rollout import BatchRunner, Outcome, Rollout, now
 from .simulated_user import UserModel
 

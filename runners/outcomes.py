@@ -18,7 +18,8 @@ from rich.table import Table
 
 from forgerl import printer
 from forgerl.analysis.reliability import counting_missing, pass_at_k, pass_pow_k
-from forgerl.schema.store import MANIFEST, read_table
+from forgerl.schema.files import MANIFEST
+from forgerl.schema.store import read_table
 
 from .tasks import Task
 

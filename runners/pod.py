@@ -34,14 +34,14 @@ import signal
 import sys
 from pathlib import Path
 
+from forgerl.harnesses import get_harness
 from forgerl.recorder.writer_process import RecorderFailure
 
 from .attempt import AttemptConfig, inherited, run_attempt
 from .grading import Judge
-from .harnesses import get_harness
 from .rollout import InfraError
 from .simulated_user import UserModel
-from .tasks import find_task
+from .loader import find_task
 
 RESULT_PREFIX = "FORGE_RESULT "
 RECORDER_FAILURE = "recorder_failure"  # the result status that stops the run

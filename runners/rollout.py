@@ -10,10 +10,11 @@ workspace. `Outcome` is what goes into the dataset's `outcomes` table.
 Statuses: `success` (graded, reward 1.0), `failed` (graded, reward < 1, or
 the harness exited non-zero), `timeout` (the agent ran past its time; graded,
 keeps its reward), `infra_error` (workspace, sandbox, recorder, pod or grader
-failure, or no call recorded at all: never scored, retried, then recorded
-with a null reward). A recording failure (`RecorderFailure`: the recorder's
-writer died, a write failed, the recorder is gone) is not retried: it stops
-the whole run, since every rollout after it would go unrecorded.
+failure, a call the recorder could not record whole, or no call recorded at
+all: never scored, retried, then recorded with a null reward). A recording
+failure (`RecorderFailure`: the recorder's writer died, a write failed, the
+recorder is gone) is not retried: it stops the whole run, since every rollout
+after it would go unrecorded.
 
 An outcome's free text (its error; in `extra`, the harness's stderr, own
 transcript and final answer) is masked before it is written, as call bodies
@@ -36,9 +37,10 @@ from pathlib import Path
 
 from forgerl.recorder.control import BarrierError, RecorderControl
 from forgerl.recorder.redact import Redactor
-from forgerl.recorder.writer_process import RecorderFailure
+from forgerl.recorder.writer_process import CallsFailed, RecorderFailure
 from forgerl.schema.sessions import prefer_system_allocator, session_count
-from forgerl.schema.store import MANIFEST, DatasetWriter
+from forgerl.schema.files import MANIFEST
+from forgerl.schema.store import DatasetWriter
 
 from .grading import GradeInput, GradingError
 from .tasks import Task
@@ -87,13 +89,17 @@ def durable_calls(recorder_url: str, dataset: Path, session: str, now: bool = Fa
     Every call was answered before the harness exited, but the recorder's
     writer (another process) may still hold the last ones; grading on the
     call before the last would see a transcript without the final answer.
-    A rollout with no recorded call never reached the model: nothing to grade.
+    A rollout with no recorded call never reached the model: nothing to grade;
+    one with a call the recorder could not record whole (`CallsFailed`) would be
+    graded on a transcript with a hole: it is retried instead.
     `now`: the recorder flushes at once instead of on its clock (`HarnessSlots.spare`).
     """
     try:
         acknowledged = RecorderControl(recorder_url).flush(session, now)
     except BarrierError as e:
         raise InfraError(f"recorder flush barrier: {e}") from None
+    except CallsFailed as e:
+        raise InfraError(f"recorder: {e}") from None
     if acknowledged == 0:
         raise NoCallsRecorded("no calls were recorded for this rollout (the harness never reached the model)")
     found = session_count(dataset, "calls", session) if (dataset / MANIFEST).exists() else 0

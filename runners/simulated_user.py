@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .harnesses.base import Harness
+from forgerl.harnesses import Harness
 
 KEY_VARIABLES = ("FORGE_USER_MODEL_API_KEY", "OPENAI_API_KEY")
 NO_KEY = "forgerl-no-key"  # a local user model needs none, and the OpenAI client refuses to start without one

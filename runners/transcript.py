@@ -1,8 +1,10 @@
 """The OpenClaw-style transcript a QwenClawBench `grade()` reads, built from a rollout's recorded calls.
 
-Harnesses resend the whole history on every call, so the rollout's last model
-call (its full input plus its output) is the conversation as the model last
-saw it. Its messages come back through the schema's canonical model
+Harnesses resend the whole history on every call, so the main thread's last
+call (`forgerl.schema.segments.main_thread`: not a subagent's, nor the one
+Qwen Code's memory extractor makes after the final answer), its full input
+plus its output, is the conversation as the main agent last saw it. Its
+messages come back through the schema's canonical model
 (`call_messages`) and are written out as OpenClaw session events:
 
     {"type": "message", "message": {"role": "user" | "assistant" | "toolResult", "content": [...]}}
@@ -21,10 +23,8 @@ from typing import Any
 
 from forgerl.schema.messages import Message, Part
 from forgerl.schema.records import call_messages
-
+from forgerl.schema.segments import main_thread, placed, recorded_order
 from forgerl.schema.sessions import session_rows
-
-MODEL_APIS = ("anthropic", "responses", "chat", "completions", "gemini")
 
 
 def _arguments(raw: str | None) -> Any:
@@ -70,35 +70,31 @@ def openclaw_events(messages: list[Message]) -> list[dict]:
     return events
 
 
-def completed_calls(root: str | Path, session: str) -> tuple[list[dict], dict[str, str]]:
-    """The session's completed model calls (with output) in order, and their parts by hash."""
-    calls = session_rows(root, "calls", session, ["session_id", "api", "path", "complete", "t_start", "seq",
+def model_turns(root: str | Path, session: str) -> tuple[list[dict], dict[str, str]]:
+    """The session's calls that hold a model turn (`placed`), in recording order, and their parts by hash."""
+    calls = session_rows(root, "calls", session, ["call_id", "session_id", "t_start", "seq", "segment_index",
+                                                  "segment_reason", "parent_segment", "parent_position",
                                                   "input_refs", "input_msg", "input_roles", "input_extra",
                                                   "output_refs", "output_msg", "output_roles", "output_extra"])
-    calls = sorted((c for c in calls.to_pylist() if c["api"] in MODEL_APIS and c["complete"] and c["output_refs"]
-                    and "count_tokens" not in (c["path"] or "")), key=lambda c: (c["t_start"], c["seq"]))
+    calls = sorted((c for c in calls.to_pylist() if placed(c)), key=recorded_order)
     if not calls:
         return [], {}
     parts = session_rows(root, "messages", session, ["session_id", "part_hash", "part"])
     return calls, dict(zip(parts.column("part_hash").to_pylist(), parts.column("part").to_pylist()))
 
 
-def last_call(root: str | Path, session: str) -> tuple[dict | None, dict[str, str]]:
-    """The session's last completed model call (with output) and its parts by hash."""
-    calls, parts = completed_calls(root, session)
-    return (calls[-1], parts) if calls else (None, {})
-
-
 def recorded_turns(root: str | Path, session: str) -> list[list[Message]]:
-    """What the model answered in each completed call, in order. A harness that rebuilds its prompt at every
+    """What the model answered in each of its turns, in order. A harness that rebuilds its prompt at every
     step (browser-use) keeps no earlier answer in its last call's input: only these hold them all."""
-    calls, parts = completed_calls(root, session)
+    calls, parts = model_turns(root, session)
     return [call_messages(call, parts, "output") for call in calls]
 
 
 def rollout_messages(root: str | Path, session: str) -> list[Message]:
-    """The conversation as the model last saw it: the last call's input and output ([] if no call)."""
-    call, parts = last_call(root, session)
+    """The conversation as the main agent last saw it: the main thread's last call's input and output ([] if
+    the session holds no model turn)."""
+    calls, parts = model_turns(root, session)
+    call = main_thread(calls)
     if call is None:
         return []
     return call_messages(call, parts, "input") + call_messages(call, parts, "output")

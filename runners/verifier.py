@@ -170,28 +170,32 @@ def run_stage(stage: VerifierStage, tests: list[tuple[str, int, bytes]], agent_t
 # --------------------------------------------------------------------- the runner's side
 
 
+class NoReward(Exception):
+    """The verifier left no usable reward; the message says why (the outcome's error)."""
+
+
 def parse_rewards(logs_dir: Path) -> dict[str, float]:
     """Harbor's rule: `reward.json` (its numeric keys; `reward.txt` adds `reward` if the JSON has none), else
-    `reward.txt` as `{"reward": x}`. ValueError if neither holds a reward."""
+    `reward.txt` as `{"reward": x}`. NoReward if neither holds a reward."""
     json_path, text_path = logs_dir / "reward.json", logs_dir / "reward.txt"
     rewards: dict[str, float] = {}
     if json_path.is_file():
         try:
             parsed = json.loads(json_path.read_text())
-        except ValueError:
-            raise ValueError("reward.json is not JSON") from None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise NoReward("reward.json is not JSON") from None
         if not isinstance(parsed, dict):
-            raise ValueError("reward.json is not an object")
+            raise NoReward("reward.json is not an object")
         rewards = {str(k): float(v) for k, v in parsed.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if "reward" not in rewards and text_path.is_file():
         try:
             rewards["reward"] = float(text_path.read_text().strip())
-        except ValueError:
+        except ValueError:  # float() of what the verifier wrote
             if not rewards:
-                raise ValueError(f"reward.txt holds {text_path.read_text()[:40]!r}, not a number") from None
+                raise NoReward(f"reward.txt holds {text_path.read_text()[:40]!r}, not a number") from None
     if not rewards:
-        raise ValueError("the verifier wrote no reward (/logs/verifier/reward.txt or reward.json)")
+        raise NoReward("the verifier wrote no reward (/logs/verifier/reward.txt or reward.json)")
     return rewards
 
 
@@ -199,7 +203,7 @@ def read_verdict(stage: VerifierStage) -> Verdict:
     """The stage's result, once the jail has exited; OSError if the stage never reported (its own failure)."""
     try:
         status = json.loads((Path(stage.status_path) / "status.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         status = {}
     if status.get("nonce") != stage.nonce:
         raise OSError("the verifier stage did not report (the jail died before or during it)")
@@ -210,7 +214,7 @@ def read_verdict(stage: VerifierStage) -> Verdict:
     else:
         try:
             rewards = parse_rewards(Path(stage.logs_dir))
-        except ValueError as e:
+        except NoReward as e:
             error = str(e)
     try:
         output = (Path(stage.logs_dir) / "test-stdout.txt").read_text(errors="replace")[-OUTPUT_TAIL:] or None

@@ -86,7 +86,7 @@ def _arguments(raw: str | None, form: ArgumentsForm) -> Any:
     """A tool call's arguments as a template expects them; text that is not a JSON object stays text."""
     try:
         value = json.loads(raw or "{}")
-    except ValueError:
+    except json.JSONDecodeError:
         return raw
     if not isinstance(value, dict):
         return raw

@@ -19,7 +19,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from .store import SESSION_ROW_SQL, data_files, open_dataset
+from .files import data_files
+from .store import SESSION_ROW_SQL, open_dataset
 from .tables import TABLES
 
 

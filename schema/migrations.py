@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from .records import MessageMemo
 from .segments import NO_PLACE, TOOL_PARTS, SessionThreads, tools_absent
 from .sessions import PLACE_COLUMNS
-from .store import (SchemaVersionError, atomic_write_table, conform, data_files, live_writers, maintenance_lock,
+from .files import (SchemaVersionError, atomic_write_table, conform, data_files, live_writers, maintenance_lock,
                     read_manifest, write_manifest)
 from .tables import SCHEMA_VERSION, TABLES
 

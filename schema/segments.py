@@ -8,7 +8,12 @@ Anything else starts a new segment, linked to the segment it came from:
 - `compaction`: a user message of the new input quotes an earlier segment's
   last answer (the summary the model wrote), as Claude Code does;
 - `subagent`: a fresh conversation while another segment waits on a call to
-  a subagent tool (`SUBAGENT_TOOLS`), interleaved;
+  a subagent tool (`SUBAGENT_TOOLS`), interleaved; or one that quotes the
+  prompt such a call wrote, even when it starts as the waiting conversation
+  did (Claude Code's subagent calling `Agent` again with its own prompt); or
+  another agent's (no part of its system prompt in common, other tool names)
+  given a segment's conversation (Qwen Code's memory extractor after the
+  final answer);
 - `tools_changed`: the history continues but the offered tools differ;
 - `token_break`: the messages continue, but the engine's prompt ids do not
   start with the previous call's prompt + completion ids (the template
@@ -25,30 +30,35 @@ for served calls that is the decision, not a guess.
 
 Messages are compared by their stored forms first (equal part hashes), then
 by their chat-template form without reasoning (some harnesses drop earlier
-reasoning when resending) and without vendor hints (cache_control moves).
+reasoning when resending), without vendor hints (cache_control moves) and
+without tool call ids (Gemini CLI names the calls the Gemini API left
+unnamed when it replays them).
 Only calls that hold a model turn are placed (`trainable`); the others get no
 segment. Decided at the same time: `tools_absent`, a call whose messages hold
-tool calls or results while its request defined no tools. The recorder's writer, the v1 → v2 migration and nothing else call
-`SessionThreads.place`; converters, the agent loop and the analysis views
-read the stored columns.
+tool calls or results while its request defined no tools. The recorder's
+writer, the v1 → v2 migration and nothing else call `SessionThreads.place`;
+converters, the agent loop, grading and the analysis views read the stored
+columns, through the readers at the end of this module and nowhere else:
+which calls are model turns (`placed`, `PLACED_SQL`), a
+session's calls grouped by segment (`stored_segments`), a segment's id
+(`segment_id`, `SEGMENT_ID_SQL`), one sample's engine ids joined
+(`joined_ids`), and the call grading reads (`main_thread`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+from forgerl.harnesses import SUBAGENT_TOOLS
 
 from .chat import to_chat_messages
 from .messages import Message, canonical_json, sha256_hex
 from .records import call_forms
 
-# Claude Code (Agent, formerly Task), OpenCode (task), Codex (spawn_agent), OpenClaw/ZeroClaw (sessions_spawn,
-# delegate), Qwen Code (agent), Gemini CLI (invoke_agent)
-SUBAGENT_TOOLS = frozenset({"Agent", "Task", "task", "spawn_agent", "sessions_spawn", "delegate", "agent",
-                            "invoke_agent"})
 ANSWER_HEADER = "x-forge-answer"  # serve mode: this answer's id
 CONTINUES_HEADER = "x-forge-continues"  # serve mode: the answer whose ids this prompt extends ("" if none)
 _MIN_SUMMARY = 20  # characters: shorter answers are too common to prove a compaction
@@ -77,8 +87,20 @@ NO_PLACE: dict[str, Any] = {"segment_index": None, "segment_reason": None, "pare
 
 
 def message_key(message: Message) -> str:
-    """A message's identity for continuity: its chat form without reasoning."""
-    chat = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in to_chat_messages([message])]
+    """A message's identity for continuity: its chat form without reasoning and without tool call ids.
+
+    Call ids are the harness's bookkeeping, not the model's words: Gemini CLI
+    names each call the Gemini API left unnamed (and marks it with a made-up
+    `thoughtSignature`, a part's extra, which the chat form leaves out anyway)
+    when it sends the model's turn back, so with ids the replay would not
+    continue the answer it repeats.
+    """
+    chat = []
+    for m in to_chat_messages([message]):
+        m = {k: v for k, v in m.items() if k not in ("reasoning_content", "tool_call_id")}
+        if "tool_calls" in m:
+            m["tool_calls"] = [{k: v for k, v in call.items() if k != "id"} for call in m["tool_calls"]]
+        chat.append(m)
     return sha256_hex(canonical_json([message.role, chat]))
 
 
@@ -97,6 +119,11 @@ def trainable(row: Mapping[str, Any]) -> bool:
     return bool(row.get("input_roles")) and (
         (generated is not None and len(generated) > 0)
         or any(form[0] == "assistant" and len(form) > 2 for form in call_forms(row, "output")))
+
+
+@lru_cache(maxsize=64)
+def _tool_names(tools_json: str | None) -> frozenset[str]:
+    return frozenset(t.get("name") for t in json.loads(tools_json or "[]") if isinstance(t, dict))
 
 
 @lru_cache(maxsize=64)
@@ -139,10 +166,14 @@ class _Segment:
     last_call: str = ""
     answer: str = ""  # the last call's answer text (a later compaction quotes it)
     waits_on_subagent: bool = False
+    briefs: tuple[str, ...] = ()  # the text arguments (the prompt) of the subagent calls it waits on
+    instructions: frozenset[str] = frozenset()  # the part hashes of its leading system / developer messages
+    tool_names: frozenset[str] = frozenset()  # the names of the tools offered
     ids: _Ids | None = None  # the last call's engine prompt + completion ids
 
 
-def _engine_ids(row: Mapping[str, Any]) -> _Ids | None:
+def engine_ids(row: Mapping[str, Any]) -> _Ids | None:
+    """The prompt and completion ids the engine reported for a call, if it reported both (serve mode)."""
     prompt, completion = row.get("prompt_token_ids"), row.get("completion_token_ids")
     if prompt is None or completion is None or not len(prompt) or not len(completion):
         return None
@@ -153,6 +184,33 @@ def _extends(prompt: Sequence[int], previous: _Ids) -> bool:
     before, completion = previous
     n, m = len(before), len(completion)
     return len(prompt) >= n + m and list(prompt[:n]) == list(before) and list(prompt[n: n + m]) == list(completion)
+
+
+def _briefs(said: Sequence[Message]) -> tuple[str, ...]:
+    """The text arguments of the subagent calls in an answer (the prompt the subagent is given), long enough
+    to recognise when the subagent's conversation quotes them."""
+    out = []
+    for part in (p for m in said for p in m.parts if p.type == "tool_call" and p.tool_name in SUBAGENT_TOOLS):
+        try:
+            arguments = json.loads(part.arguments or "{}")
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            out += [v for v in arguments.values() if isinstance(v, str) and len(v) >= _MIN_SUMMARY]
+    return tuple(out)
+
+
+def _leading_system(forms: Sequence[tuple]) -> int:
+    """How many of the stored forms are leading system / developer messages (a form starts with its role)."""
+    n = 0
+    while n < len(forms) and forms[n][0] in ("system", "developer"):
+        n += 1
+    return n
+
+
+def _instructions(forms: Sequence[tuple]) -> frozenset[str]:
+    """The part hashes of system messages' stored forms."""
+    return frozenset(h for form in forms for h in form[2:])
 
 
 def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
@@ -188,11 +246,11 @@ class SessionThreads:
             return None
         inputs, outputs = call_forms(row, "input"), call_forms(row, "output")
         tools = tools_key(row.get("tools"))
-        ids = _engine_ids(row)
+        ids = engine_ids(row)
         link = served_link(row)
         target, new = self._served(link) if link else self._continued(inputs, tools, ids, message_of)
         if target is None:
-            target = self._new_segment(inputs, tools, message_of) if new is None else new
+            target = new or self._new_segment(inputs, tools, _tool_names(row.get("tools")), message_of)
             target.tools_key = tools
             self.segments.append(target)
         placement = Placement(target.index, target.reason, target.parent, target.parent_position,
@@ -216,7 +274,7 @@ class SessionThreads:
                 seg.reason, seg.parent, seg.parent_position = (row["segment_reason"], row["parent_segment"],
                                                                row["parent_position"])
                 seg.tools_key = tools_key(row.get("tools"))
-            self._extend(seg, row, call_forms(row, "input"), call_forms(row, "output"), message_of, _engine_ids(row))
+            self._extend(seg, row, call_forms(row, "input"), call_forms(row, "output"), message_of, engine_ids(row))
             link = served_link(row)
             if link:
                 self._call_of_answer[link[0]] = row["call_id"]
@@ -252,7 +310,8 @@ class SessionThreads:
     def _child(self, reason: str, parent: _Segment) -> _Segment:
         return _Segment(len(self.segments), reason, parent.index, parent.calls)
 
-    def _new_segment(self, inputs: list[tuple], tools: str, message_of: MessageOf) -> _Segment:
+    def _new_segment(self, inputs: list[tuple], tools: str, tool_names: frozenset[str],
+                     message_of: MessageOf) -> _Segment:
         if not self.segments:
             return _Segment(0, "start", None, None)
         keys = self._keys(inputs, message_of)
@@ -263,19 +322,29 @@ class SessionThreads:
         messages = [message_of(form) for form in inputs]
         quoted = "\n".join("".join(p.text or "" for p in m.parts if p.type == "text")
                            for m in messages if m.role == "user")
+        waiting = [s for s in self.segments if s.waits_on_subagent]
+        for seg in reversed(waiting):  # given the prompt a waiting call wrote, even when it repeats the waiting
+            if any(brief in quoted for brief in seg.briefs):  # one's own (a nested subagent of the same kind)
+                return self._child("subagent", seg)
         for seg in reversed(self.segments):
             if len(seg.answer) >= _MIN_SUMMARY and seg.answer in quoted:
                 return self._child("compaction", seg)
-        system = sum(1 for m in messages if m.role in ("system", "developer"))
+        system = _leading_system(inputs)
         if best_len <= system:
-            waiting = [s for s in self.segments if s.waits_on_subagent]
             if waiting:
                 return self._child("subagent", waiting[-1])
-            # a resumed harness may rewrite early messages (fresh reminders): shared messages still link it
-            overlap, best = max(((len(set(keys[system:]) & set(s.keys)), s) for s in self.segments),
-                                key=lambda x: (x[0], x[1].index))
+            # a resumed harness may rewrite early messages (fresh reminders): shared messages still link it (on
+            # ties, to a segment that shares some of its instructions)
+            mine = _instructions(inputs[:system])
+            overlap, shared, best = max(((len(set(keys[system:]) & set(s.keys)), bool(mine & s.instructions), s)
+                                         for s in self.segments), key=lambda x: (x[0], x[1], x[2].index))
             if overlap < 2:
                 return _Segment(len(self.segments), "new_conversation", None, None)
+            if not shared and tool_names != best.tool_names:
+                # another agent given the conversation: no part of its instructions in common, other tools (a
+                # resumed Claude Code rewrites a part of its system prompt and a tool's description, no more).
+                # Qwen Code's memory extractor, after the main agent's last answer, is one.
+                return self._child("subagent", best)
         return self._child("edited_history", best)
 
     def _extend(self, seg: _Segment, row: Mapping[str, Any], inputs: list[tuple], outputs: list[tuple],
@@ -288,5 +357,100 @@ class SessionThreads:
         seg.answer = "".join(m.text() for m in said if m.role == "assistant").strip()
         seg.waits_on_subagent = any(p.type == "tool_call" and p.tool_name in SUBAGENT_TOOLS
                                     for m in said for p in m.parts)
+        seg.briefs = _briefs(said)
+        seg.instructions = _instructions(inputs[:_leading_system(inputs)])
+        seg.tool_names = _tool_names(row.get("tools"))
         seg.ids = ids
         self._of_call[row["call_id"]] = seg
+
+
+# -- reading the stored placement ------------------------------------------------------------------------------
+
+PLACED_SQL = "segment_index IS NOT NULL"  # `placed` in SQL
+SEGMENT_ID_SQL = "session_id || ':' || segment_index"  # `segment_id` in SQL
+_Call = TypeVar("_Call")
+_IdList = TypeVar("_IdList", bound=Sequence[int])
+
+
+def placed(row: Mapping[str, Any]) -> bool:
+    """Whether a stored call holds a model turn: the writer placed it (`trainable`, decided once, as it was
+    written), so every reader counts the same calls as the model's turns."""
+    return row.get("segment_index") is not None
+
+
+def segment_id(session_id: str, index: int, position: int | None = None) -> str:
+    """A segment's id, `session:index` (its call `position` as a sample of its own: `session:index/position`):
+    the id every output names the segment by (tokens, verl-sft, ATIF, the RL rows, the analysis views)."""
+    return f"{session_id}:{index}" + ("" if position is None else f"/{position}")
+
+
+@dataclass
+class StoredSegment(Generic[_Call]):
+    """One stored segment of a session: its placement and its calls in recording order."""
+
+    index: int
+    reason: str
+    parent: int | None
+    parent_position: int | None  # how many of the parent's calls preceded this segment's first call
+    calls: list[_Call] = field(default_factory=list)
+
+
+def _itself(call: Any) -> Mapping[str, Any]:
+    return call
+
+
+def stored_segments(calls: Iterable[_Call],
+                    row: Callable[[_Call], Mapping[str, Any]] = _itself) -> list[StoredSegment[_Call]]:
+    """A session's calls (in recording order) grouped into the segments stored on them, in segment order;
+    calls that hold no model turn are left out. `row` gives a call's columns when the calls are not rows."""
+    by_index: dict[int, StoredSegment[_Call]] = {}
+    for call in calls:
+        columns = row(call)
+        if not placed(columns):
+            continue
+        index = columns["segment_index"]
+        seg = by_index.get(index)
+        if seg is None:
+            seg = by_index[index] = StoredSegment(index, columns["segment_reason"], columns["parent_segment"],
+                                                  columns["parent_position"])
+        seg.calls.append(call)
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def joined_ids(calls: Iterable[tuple[str, _IdList, _IdList]], segment: str) -> Iterator[tuple[_IdList, _IdList]]:
+    """One sample from a segment's calls, each `(call id, engine prompt ids, completion ids)` in order: per call,
+    the ids its prompt adds to the ones before it (the first call's whole prompt; later, the tool results and
+    user turns: context) and its completion (the model's). A stored segment never holds a call whose prompt
+    does not extend the ids before it (`token_break`), so a shorter one is a bug: RuntimeError."""
+    held = 0
+    for call_id, prompt, completion in calls:
+        if len(prompt) < held:
+            raise RuntimeError(f"segment {segment}: call {call_id}'s prompt is shorter than the ids before it; "
+                               "the stored segment contradicts its token ids")
+        yield prompt[held:], completion
+        held = len(prompt) + len(completion)
+
+
+def recorded_order(row: Mapping[str, Any]) -> tuple:
+    """A call row's sort key: the order calls were made (start time, the writer's sequence, the call id)."""
+    return row["t_start"], row.get("seq") or 0, row["call_id"]
+
+
+def main_thread(rows: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The call grading reads: the last call of the latest segment (by its last call) reachable from a root
+    (segment 0, or a `new_conversation`) without a `subagent` edge; None when no call holds a model turn.
+
+    A session's last call is not always the main agent's: a subagent may answer
+    last, and Qwen Code's memory extractor (placed as a `subagent`: another
+    agent given the conversation) makes one more call after the final answer.
+    Compactions, resumed runs, token breaks and tool changes carry the main
+    thread on. A `new_conversation` may carry it too: Qwen Code's first resumed
+    round rewrites its first message and shares too little to be linked.
+    """
+    segments = stored_segments(sorted((r for r in rows if placed(r)), key=recorded_order))
+    main: set[int] = set()
+    for seg in segments:  # a parent's index is lower than its children's
+        if seg.parent is None or (seg.parent in main and seg.reason != "subagent"):
+            main.add(seg.index)
+    last = [seg.calls[-1] for seg in segments if seg.index in main]
+    return max(last, key=recorded_order) if last else None

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from .records import MessageMemo
 from .segments import SessionThreads
-from .store import data_file_names, read_files, schema_version
+from .files import data_file_names, read_files, schema_version
 from .tables import SCHEMA_VERSION, TABLES
 
 _Info = tuple[int, Counter]  # (schema version, rows per session)

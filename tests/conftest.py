@@ -15,9 +15,12 @@ import pytest
 
 from forgerl.recorder.control import RecorderControl
 from forgerl.recorder.proxy import free_port
-from forgerl.schema import store
+from forgerl.schema import files, store
 
 REPO = Path(__file__).resolve().parent.parent
+# The scripted model server is the demo's (examples/scripted_upstream.py); tests and the modules beside
+# them import it as `scripted_upstream`.
+sys.path.insert(0, str(REPO / "examples"))
 FORGE_RECORD = shutil.which("forge-record") or str(Path(sys.executable).with_name("forge-record"))
 
 
@@ -58,7 +61,7 @@ def session_calls(root: Path, session: str, n: int, timeout: float = 10.0) -> li
     deadline = time.time() + timeout
     rows: list[dict] = []
     while time.time() < deadline:
-        if (root / store.MANIFEST).exists():
+        if (root / files.MANIFEST).exists():
             calls = store.read_table(root, "calls")
             rows = calls.filter(pc.equal(calls.column("session_id"), session)).to_pylist()
             if len(rows) >= n:

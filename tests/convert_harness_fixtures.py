@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from forgerl.recorder.launch import harness_env
+from forgerl.harnesses import harness_env
 
 from harness_checks import forge_record_run, serve_script
 from scripted_upstream import Request, ToolCall, Turn, saw_tool_result

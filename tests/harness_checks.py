@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pytest
 
-from forgerl.recorder.launch import launch
+from forgerl.harnesses import launch
 from forgerl.schema.store import read_table
 
 from conftest import FORGE_RECORD, REPO, RecorderProcess, session_calls, session_parts

@@ -16,8 +16,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from forgerl.runners.harnesses import RunContext, get_harness
-from forgerl.runners.harnesses.base import node_path
+from forgerl.harnesses import RunContext, get_harness
+from forgerl.harnesses import node_path
 
 from conftest import session_calls
 from convert_fixtures import qwen_tokenizer

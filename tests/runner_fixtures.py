@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forgerl.recorder.control import RecorderControl
-from forgerl.runners.harnesses import Harness, RunContext
+from forgerl.harnesses import Harness, RunContext
 
 from scripted_upstream import Request, Script, ToolCall, Turn, saw_tool_result
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from forgerl.converters.cli import main
-from forgerl.schema import store
+from forgerl.schema import files, store
 from forgerl.schema.chat import chat_tools, image_refs, to_chat_messages
 from forgerl.schema.messages import Message, Part
 
@@ -41,8 +41,8 @@ def test_corrupt_parquet(dataset, tmp_path, capsys):
 def test_newer_schema_version(dataset, tmp_path, capsys):
     bad = tmp_path / "newer"
     shutil.copytree(dataset, bad)
-    manifest = json.loads((bad / store.MANIFEST).read_text())
-    (bad / store.MANIFEST).write_text(json.dumps({**manifest, "schema_version": 99}))
+    manifest = json.loads((bad / files.MANIFEST).read_text())
+    (bad / files.MANIFEST).write_text(json.dumps({**manifest, "schema_version": 99}))
     assert "schema version 99" in refused(capsys, tmp_path / "o", str(bad), "--to", "verl-sft")
 
 

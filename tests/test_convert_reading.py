@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from forgerl.converters import source
-from forgerl.schema import store
+from forgerl.schema import files as dataset_files
 from forgerl.schema.messages import Exchange, Message, Part
 from forgerl.schema.records import CallRecord
 from forgerl.schema.store import DatasetWriter
@@ -59,7 +59,7 @@ def _tokens(out: Path) -> dict[str, list[int]]:
 
 
 def test_interleaved_calls_in_many_row_groups_and_ranges(tmp_path, monkeypatch):
-    monkeypatch.setattr(store, "_ROW_GROUP_BYTES", 400_000)  # a few calls a row group
+    monkeypatch.setattr(dataset_files, "_ROW_GROUP_BYTES", 400_000)  # a few calls a row group
     root = tmp_path / "data"
     expected = _write(root)
     files = sorted((root / "calls").glob("*.parquet"))

@@ -29,8 +29,9 @@ from forgerl.recorder.writer_process import FLUSH_INTERVAL_S, Flusher, RecorderF
 from forgerl.schema import sessions
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import HarnessSlots, Rollout
-from forgerl.runners.tasks import load_tasks
-from forgerl.schema.store import DatasetWriter, data_files, read_table
+from forgerl.runners.loader import load_tasks
+from forgerl.schema.files import data_files
+from forgerl.schema.store import DatasetWriter, read_table
 
 from runner_fixtures import CALL_MODEL, PythonHarness, barriers_asked_now, toml_task
 from test_recorder_durability import child_pids, wait_gone

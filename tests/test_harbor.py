@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
-from forgerl.runners.harnesses import get_harness
+from forgerl.harnesses import get_harness
 from forgerl.runners.kinds import harbor
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.sandbox import can_unshare
-from forgerl.runners.tasks import TaskError, load_tasks
+from forgerl.runners.loader import load_tasks
+from forgerl.runners.tasks import TaskError
 from forgerl.schema.store import DatasetWriter
 
 from runner_fixtures import CALL_MODEL, PythonHarness, rollout_dirs, rollout_processes, shell_call

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from forgerl.analysis.kinds import TOOL_KINDS
-from forgerl.runners.harnesses import RunContext, get_harness
-from forgerl.runners.harnesses.base import node_path
+from forgerl.harnesses import RunContext, get_harness
+from forgerl.harnesses import node_path
 
 from conftest import session_calls
 from harness_checks import (atif_doc, check_served_ids, files_holding, graded_sparql, needs, record_trapped,

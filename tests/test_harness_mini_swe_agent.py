@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from forgerl.runners.harnesses.mini_swe_agent import MINI_BIN
+from forgerl.harnesses import HarnessError, get_harness
 from forgerl.schema.store import read_table
 
 from conftest import session_parts
@@ -29,10 +29,10 @@ LOOP = ["echo forgerl > proof.txt", "cat proof.txt", f"{SUBMIT} && cat proof.txt
 
 
 def mini() -> Path:
-    path = MINI_BIN / "mini"
-    if not path.exists():
-        pytest.fail(f"{path} missing: run `make test` (it builds .venv-mini from requirements-mini.lock)")
-    return path
+    try:
+        return Path(get_harness("mini-swe-agent").find())
+    except HarnessError as e:
+        pytest.fail(f"{e}: run `make test` (it builds .venv-mini from requirements-mini.lock)")
 
 
 def loop_script(request: Request) -> Turn:

@@ -2,7 +2,7 @@
 
 The real `openclaw agent --local` (its embedded agent) talks Chat Completions
 to the scripted upstream (or the scripted policy) through the recorder, as
-`recorder/launch.py` aims it: a provider in `openclaw.json` under its own state
+its harness module (`harnesses/`) aims it: a provider in `openclaw.json` under its own state
 folder, memory search, update checks and telemetry off, no workspace bootstrap
 files. A `harness_checks.ProxyTrap` catches any other host it tries. After each tool
 result OpenClaw appends a user note (its internal context), so the scripts
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from forgerl.analysis import connect
-from forgerl.runners.harnesses import RunContext, get_harness
-from forgerl.runners.harnesses.base import node_path
+from forgerl.harnesses import RunContext, get_harness
+from forgerl.harnesses import node_path
 from forgerl.schema.store import read_table
 
 from conftest import session_parts

@@ -1,7 +1,7 @@
 """OpenCode 1.18 (npm opencode-ai, pinned) end to end: record, convert (tokens, verl-sft, ATIF), run a task, serve.
 
 The real `opencode run` talks Chat Completions to the scripted upstream (or
-the scripted policy) through the recorder, as `recorder/launch.py` aims it:
+the scripted policy) through the recorder, as its harness module (`harnesses/`) aims it:
 a custom `@ai-sdk/openai-compatible` provider in `OPENCODE_CONFIG_CONTENT`,
 every permission granted, its phone-home off. A `harness_checks.ProxyTrap` catches
 any other host it tries. `--title` spares the title-writing model call. The
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from forgerl.analysis import connect
-from forgerl.runners.harnesses import RunContext, get_harness
+from forgerl.harnesses import RunContext, get_harness
 from forgerl.schema.store import read_table
 
 from conftest import session_parts

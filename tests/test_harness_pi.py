@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from forgerl.runners.harnesses import RunContext, get_harness
+from forgerl.harnesses import RunContext, get_harness
 
 from harness_checks import files_holding, graded_sparql, needs, sparql_script
 from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_recorded, check_served_loop, check_sft, proof_loop,
@@ -79,11 +79,11 @@ def test_adapter_points_at_the_recorder(tmp_path):
 
 def test_launcher_keeps_the_model_name(tmp_path):
     """`forge-record run -- pi ...`: the user's provider gives way to the recorder's; the model id stays whole."""
-    from forgerl.recorder.launch import pi
+    from forgerl.harnesses import get_harness
 
     for given, model in ((["--provider", "openai", "--model", "openai/gpt-4o"], "gpt-4o"),
                          (["--model", "Qwen/Qwen3-8B"], "Qwen/Qwen3-8B"), (["--model=forgerl/qwen3"], "qwen3")):
-        aimed = pi(["pi", "-p", *given, "hi"], "http://127.0.0.1:8787", "s1", tmp_path / model.replace("/", "_"))
+        aimed = get_harness("pi").launch(["pi", "-p", *given, "hi"], "http://127.0.0.1:8787", "s1", tmp_path / model.replace("/", "_"))
         assert aimed.argv == ["pi", "-p", "hi", "--provider", "forgerl", "--model", model]
         models = json.loads((tmp_path / model.replace("/", "_") / "pi-agent" / "models.json").read_text())
         assert models["providers"]["forgerl"]["models"] == [{"id": model}]

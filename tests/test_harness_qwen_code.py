@@ -14,7 +14,7 @@ import pytest
 
 from forgerl.recorder.apis import codec_for
 from forgerl.recorder.harness import identify
-from forgerl.runners.harnesses import RunContext, get_harness
+from forgerl.harnesses import RunContext, get_harness
 
 from harness_checks import files_holding, graded_sparql, needs, sparql_script
 from qwen_pi_fixtures import (PROOF, check_atif_and_analysis, check_recorded, check_served_loop, check_sft, proof_loop,

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from forgerl.analysis import connect
-from forgerl.schema import segments, store, tables
+from forgerl.schema import files, segments, store, tables
 from forgerl.schema.records import MessageMemo, call_messages
 
 from conftest import REPO
@@ -25,8 +25,8 @@ BIN = REPO / ".venv" / "bin"
 def v1(tmp_path) -> Path:
     root = tmp_path / "v1"
     shutil.copytree(FIXTURE, root)
-    assert json.loads((root / store.MANIFEST).read_text())["schema_version"] == 1
-    assert all(store.file_version(Path(p)) == 1 for p in store.data_files(root, "calls"))
+    assert json.loads((root / files.MANIFEST).read_text())["schema_version"] == 1
+    assert all(files.file_version(Path(p)) == 1 for p in files.data_files(root, "calls"))
     return root
 
 
@@ -38,12 +38,12 @@ def _verb(*args: str) -> str:
 
 def test_every_verb_reads_a_v1_dataset_and_they_agree(v1, tmp_path):
     listed = json.loads(_verb("forge-record", "ls", str(v1), "--json"))  # the first reader upgrades it
-    manifest = json.loads((v1 / store.MANIFEST).read_text())
+    manifest = json.loads((v1 / files.MANIFEST).read_text())
     assert manifest["schema_version"] == tables.SCHEMA_VERSION == 4
     assert manifest["migrations"] == ["m002_segments_and_harness_rank", "m003_tools_absent",
                                      "m004_malformed_tool_calls"]
-    assert all(store.file_version(Path(p)) == 4 for p in store.data_files(v1, "calls"))
-    assert all(store.file_version(Path(p)) == 2 for p in store.data_files(v1, "sessions"))
+    assert all(files.file_version(Path(p)) == 4 for p in files.data_files(v1, "calls"))
+    assert all(files.file_version(Path(p)) == 2 for p in files.data_files(v1, "sessions"))
 
     calls = store.read_table(v1, "calls")
     sessions = store.read_table(v1, "sessions")
@@ -115,15 +115,15 @@ def test_the_migration_flags_tool_calls_without_tools(v1):
 def test_an_upgrade_waits_for_live_writers(v1):
     """A writer still recording v1 files would leave the dataset mixed: the upgrade refuses, clearly."""
     (v1 / "_writers").mkdir(exist_ok=True)
-    held = store._Flock(v1 / "_writers" / "old-writer.lock", blocking=False)
+    held = files.Flock(v1 / "_writers" / "old-writer.lock", blocking=False)
     try:
-        with pytest.raises(store.SchemaVersionError, match="writer old-writer is still recording"):
+        with pytest.raises(files.SchemaVersionError, match="writer old-writer is still recording"):
             store.read_table(v1, "calls")
-        assert json.loads((v1 / store.MANIFEST).read_text())["schema_version"] == 1
-        assert all(store.file_version(Path(p)) == 1 for p in store.data_files(v1, "calls"))
+        assert json.loads((v1 / files.MANIFEST).read_text())["schema_version"] == 1
+        assert all(files.file_version(Path(p)) == 1 for p in files.data_files(v1, "calls"))
     finally:
         held.release()
-    assert pq.read_schema(store.data_files(v1, "calls")[0]).names == [
+    assert pq.read_schema(files.data_files(v1, "calls")[0]).names == [
         n for n in tables.CALLS.names if n not in (*segments.NO_PLACE, "tools_absent", "malformed_tool_calls")]
     assert store.read_table(v1, "calls").schema == tables.CALLS
 
@@ -132,6 +132,6 @@ def test_the_bundled_example_is_at_the_current_schema():
     """Tests and docs read `analysis/example` in place, so a stale one would be upgraded (rewritten) by the
     first reader and leave the checkout dirty: a schema change upgrades it and commits the result."""
     example = REPO / "analysis" / "example"
-    manifest = json.loads((example / store.MANIFEST).read_text())
+    manifest = json.loads((example / files.MANIFEST).read_text())
     assert manifest["schema_version"] == tables.SCHEMA_VERSION
-    assert all(store.file_version(Path(p)) == tables.SCHEMA_VERSION for p in store.data_files(example, "calls"))
+    assert all(files.file_version(Path(p)) == tables.SCHEMA_VERSION for p in files.data_files(example, "calls"))

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from forgerl.converters.cli import main as convert
-from forgerl.runners.tasks import load_tasks
+from forgerl.runners.loader import load_tasks
 from forgerl.schema.store import DatasetWriter
 from forgerl.trainer.launch import LaunchError
 from forgerl.trainer.reward import RefusedSample, compute_score, offline_rule, screen

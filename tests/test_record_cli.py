@@ -19,7 +19,7 @@ from mitmproxy.test import taddons
 from forgerl.errors import UserError
 from forgerl.recorder.addon import Recorder
 from forgerl.recorder.proxy import RecorderConfig, free_port, serve_forever
-from forgerl.schema import store
+from forgerl.schema import files, store
 
 from conftest import FORGE_RECORD, REPO, session_calls
 from scripted_upstream import ToolCall, Turn, sequence
@@ -65,7 +65,7 @@ def test_run_points_sdk_clients_at_the_recorder(scripted, tmp_path):
               "--upstream-openai", up.url, "--", sys.executable, str(script))
     assert r.returncode == 0, r.stderr
     assert "merged" in forge("compact", str(out), check=True).stdout
-    assert len(store.data_files(out, "calls")) == 1
+    assert len(files.data_files(out, "calls")) == 1
     deleted = forge("delete", str(out), "cli", check=True).stdout
     assert "deleted session cli" in deleted
     assert set(store.read_table(out, "calls").column("session_id").to_pylist()) == {"cli2"}

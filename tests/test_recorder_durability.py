@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import pyarrow.parquet as pq
 
-from forgerl.schema import store, tables
+from forgerl.schema import files, store, tables
 from forgerl.schema.records import decompress
 
 from conftest import session_calls
@@ -138,7 +138,7 @@ def test_kill_minus_9_during_50_streams(scripted, recorder, tmp_path):
     # Open calls keep the bytes the writer process had received before the kill.
     assert any(r["response_raw"] and b"word" in decompress(r["response_raw"]) for r in unfinished)
     for table in tables.TABLES:
-        for f in store.data_files(rec.out, table):
+        for f in files.data_files(rec.out, table):
             pq.read_table(f)
     assert not list((rec.out / "_inflight").glob("*.parquet"))
 

@@ -23,7 +23,8 @@ import pytest
 
 from forgerl.runners.policy import PolicyVersionSource
 from forgerl.schema.records import decompress
-from forgerl.schema.store import data_files, read_table
+from forgerl.schema.files import data_files
+from forgerl.schema.store import read_table
 
 from runner_fixtures import (BENCH, NOVEL_ANSWER, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, alternating_script,
                              task_script)

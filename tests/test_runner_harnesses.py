@@ -1,4 +1,4 @@
-"""Harness adapters: each points its harness at the recorder's session URL, in a private HOME, with no key on disk."""
+"""Harness specs' commands: each points its harness at the recorder's session URL, in a private HOME, with no key on disk."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from forgerl.runners.harnesses import HARNESSES, HarnessError, RunContext, get_harness
+from forgerl.harnesses import HARNESSES, HarnessError, RunContext, get_harness
 
 BASE = "http://127.0.0.1:8787"
 
@@ -106,9 +106,10 @@ def test_zeroclaw_config_points_at_the_recorder(ctx):
     assert "userkey" not in on_disk(ctx.home)
 
 
-def test_missing_cli_and_unknown_harness_say_where_they_looked(monkeypatch):
+def test_missing_cli_and_unknown_harness_say_where_they_looked(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(HarnessError, match="zeroclaw not found on PATH or in .*node_modules/.bin"):
+    monkeypatch.setenv("FORGE_CONFIG", str(tmp_path / "tools.toml"))
+    with pytest.raises(HarnessError, match=r"zeroclaw not found: looked in \$FORGE_ZEROCLAW, PATH, .*tools.toml"):
         HARNESSES["zeroclaw"].find()
-    with pytest.raises(HarnessError, match="unknown harness 'aider'; known: claude-code, codex"):
+    with pytest.raises(HarnessError, match="unknown harness 'aider'; known: browser-use, claude-code, codex"):
         get_harness("aider")

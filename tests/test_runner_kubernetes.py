@@ -22,10 +22,10 @@ import pytest
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig, free_port
 from forgerl.runners.grading import Judge
-from forgerl.runners.harnesses import get_harness
+from forgerl.harnesses import get_harness
 from forgerl.runners.kubernetes import KubernetesRunner, api_client, load_template
 from forgerl.runners.rollout import Rollout
-from forgerl.runners.tasks import find_task, load_tasks
+from forgerl.runners.loader import find_task, load_tasks
 from forgerl.schema.store import DatasetWriter, read_table
 
 from runner_fixtures import (BENCH, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, FakeKubelet, KubeAPI,

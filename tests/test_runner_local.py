@@ -20,7 +20,7 @@ from forgerl.runners import grading
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.sandbox import can_unshare, own_memory_cgroup
-from forgerl.runners.tasks import load_tasks
+from forgerl.runners.loader import load_tasks
 from forgerl.schema.store import DatasetWriter, read_table
 
 from runner_fixtures import CALL_MODEL, PythonHarness, cgroups_left, rollout_dirs, rollout_processes, toml_task

@@ -10,7 +10,8 @@ import pytest
 from forgerl.runners import grading
 from forgerl.runners.grade_code import run_grade
 from forgerl.runners.grading import NOT_GRADED, GradeInput, GradingError, combine, grade_workspace, reads_transcript
-from forgerl.runners.tasks import Task, TaskError, find_task, load_tasks
+from forgerl.runners.loader import find_task, load_tasks
+from forgerl.runners.tasks import Task, TaskError
 from forgerl.runners.transcript import openclaw_events
 from forgerl.schema.messages import Message, Part
 
@@ -40,10 +41,11 @@ def test_single_file_and_plain_folder(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ('id = "x"\nprompt = "p"\n', r"needs id, prompt and \[grading\] code"),
+    ('id = "x"\nprompt = "p"\n', "missing key 'grading'"),
     ('id = "x"\nprompt = "p"\n[grading]\ncode = "x"\n[[workspace_files]]\nsource = "a"\ndest = "../a"\n',
-     "relative path inside the workspace"),
-    ('id = "x"\nprompt = "p"\n[grading]\ncode = "x"\nweights = {automated = -1}\n', "non-negative"),
+     r"workspace_files\[0\].dest = '../a': expected a relative path inside the workspace"),
+    ('id = "x"\nprompt = "p"\n[grading]\ncode = "x"\nweights = {automated = -1}\n',
+     "grading.weights.automated = -1: expected greater than or equal to 0"),
     ("id = \n", "Invalid"),
 ])
 def test_bad_task_files_name_the_problem(tmp_path, text, message):
@@ -51,6 +53,14 @@ def test_bad_task_files_name_the_problem(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(TaskError, match=message):
         load_tasks(path)
+
+
+def test_a_folder_no_kind_claims_is_read_file_by_file(tmp_path):
+    """Each file goes to the kind that claims it (QwenClawBench markdown beside forgerl TOML); others are left."""
+    toml_task(tmp_path, "alpha", "return {'x': 1.0}")
+    (tmp_path / "task_beta.md").write_text((BENCH / "tasks" / f"{SPARQL_TASK}.md").read_text())
+    (tmp_path / "README.md").write_text("not a task")
+    assert [t.id for t in load_tasks(tmp_path)] == ["alpha", SPARQL_TASK]
 
 
 def test_missing_and_empty_task_paths(tmp_path):

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import anthropic
@@ -19,6 +18,7 @@ import pytest
 
 from forgerl.schema.messages import Usage
 
+from conftest import REPO
 from scripted_upstream import ScriptedUpstream, ToolCall, Turn, echo, sequence, token_ids
 
 PNG = base64.b64encode(base64.b64decode(
@@ -404,7 +404,7 @@ def test_500_concurrent_open_streams(scripted):
 
 
 def test_runs_as_a_process():
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("scripted_upstream.py")), "--port", "0",
+    proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "scripted_upstream.py"), "--port", "0",
                              "--chunks", "2"],
                             stdout=subprocess.PIPE, text=True)
     try:

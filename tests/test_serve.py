@@ -12,7 +12,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from forgerl.recorder.serve import PromptBuilder
+from forgerl.recorder.generate import PromptBuilder
 from forgerl.schema.chat import to_chat_messages
 from forgerl.schema.toolcalls import ToolCall, parse_generation
 
@@ -67,6 +67,22 @@ def test_prompt_continues_the_generated_ids(tok):
     assert tok.decode(nxt.ids) == tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
     edited = [first[0], {"role": "user", "content": "something else"}] + said
     assert builder.build(edited, None).continues is None
+
+
+def test_an_engine_rendered_prompt_continues_an_answer_only_where_its_ids_extend_it(tok):
+    """The chat endpoint renders its own prompt (`serve_vl`): it continues the answer whose conversation it
+    repeats only if the engine's ids start with that answer's ids."""
+    builder = PromptBuilder(tok)
+    first = [{"role": "user", "content": "go"}]
+    prompt = builder.build(first, None)
+    generated = tok.encode(CALL_TURN, add_special_tokens=False) + [EOS_ID]
+    said = to_chat_messages([parse_generation(CALL_TURN).message(["c1", "c2"])])
+    builder.remember(first, None, said, prompt.ids + generated, prompt.answer_id)
+    history = first + said + [{"role": "tool", "content": "a b", "tool_call_id": "c1"}]
+    held = prompt.ids + generated
+    assert builder.continued(history, None, held + [1, 2, 3]) == prompt.answer_id
+    assert builder.continued(history, None, held[:-2] + [1, 2, 3]) is None  # re-rendered otherwise: a new segment
+    assert builder.continued(first, None, held) is None  # repeats no remembered answer
 
 
 TURNS = ["<think>\nEasy.\n</think>\n\nHello there, this is a longer answer so it streams in several chunks.",

@@ -21,7 +21,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from forgerl.recorder.launch import codex_overrides, harness_env
+from forgerl.harnesses import harness_env
+from forgerl.harnesses.codex import provider_overrides as codex_overrides
 from forgerl.recorder.proxy import free_port
 from forgerl.schema.toolcalls import parse_generation
 

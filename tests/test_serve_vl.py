@@ -14,11 +14,18 @@ import io
 import json
 from typing import Any
 
+import anthropic
+import httpx
 import pytest
+
+from forgerl.recorder.policy import HTTPPolicy, ScriptedPolicy, turns
+from forgerl.recorder.serve import GatewayThread, PolicyGateway
+from forgerl.schema.segments import ANSWER_HEADER, CONTINUES_HEADER
+from forgerl.schema.toolcalls import FORMATS
 
 from conftest import RecorderProcess, session_calls
 from convert_fixtures import QwenChatUpstream, convert, rows
-from gui_sessions import drive_anthropic
+from gui_sessions import drive_anthropic, screenshot
 from vl_checks import vl_tokenizer_dir
 
 
@@ -64,9 +71,13 @@ class ScriptedVLPolicy(QwenChatUpstream):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def vl_dir(tmp_path_factory):
+    return vl_tokenizer_dir(tmp_path_factory.mktemp("serve-vl-tokenizer") / "qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def served(vl_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("serve-vl")
-    vl_dir = vl_tokenizer_dir(base / "qwen2_5_vl")
     policy = ScriptedVLPolicy(str(vl_dir))
     root = base / "data"
     rec = RecorderProcess(root, None, "--policy", policy.url, "--tokenizer", str(vl_dir), "--served-model", "qwen-vl",
@@ -123,3 +134,49 @@ def test_the_drift_report_says_where_image_tokens_differ(served, tmp_path):
     assert (report["prompt_rerender"]["differ"], report["prompt_rerender"]["where"]) == (2, {"image_tokens": 2})
     example = report["examples"][0]
     assert example["kind"] == "image_tokens" and "<|image_pad|>" in example["engine"]
+
+
+IMAGE_CALL = {"model": "claude-gui", "max_tokens": 256, "tools": [
+    {"name": "browser_click", "description": "Click", "input_schema": {"type": "object", "properties": {
+        "ref": {"type": "string"}}}}],
+    "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Find the price of the blue mug."},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": base64.b64encode(screenshot(0)).decode()}}]}]}
+
+
+def test_a_streamed_image_call_is_streamed_by_the_gateway_as_any_other(vl_dir):
+    """The chat endpoint answers whole; the gateway streams that turn through the same writer, with the same
+    headers, as a token-in turn: a tool-use block, the engine's prompt ids counted as the input."""
+    from transformers import AutoTokenizer
+
+    policy = ScriptedVLPolicy(str(vl_dir))
+    tokenizer = AutoTokenizer.from_pretrained(vl_dir)
+    try:
+        with GatewayThread(PolicyGateway(HTTPPolicy(policy.url, "qwen-vl"), tokenizer, "qwen-vl",
+                                         fmt=FORMATS["hermes"])) as url:
+            client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+            with client.messages.stream(**IMAGE_CALL) as stream:
+                message = stream.get_final_message()
+                headers = stream.response.headers
+    finally:
+        policy.stop()
+    assert [(b.type, b.name, b.input) for b in message.content] == [("tool_use", "browser_click", {"ref": "e1"})]
+    assert message.stop_reason == "tool_use"
+    assert message.usage.input_tokens == len(policy.log[0]["prompt_token_ids"])
+    assert message.usage.output_tokens == len(policy.log[0]["token_ids"])
+    assert headers[ANSWER_HEADER].startswith("fa_") and headers[CONTINUES_HEADER] == ""
+
+
+def test_an_image_call_without_a_chat_endpoint_is_refused_and_a_failed_one_is_a_502(vl_dir):
+    """A scripted policy has no chat endpoint: 400, saying what would serve it. A chat endpoint that cannot be
+    reached: 502, before any stream starts."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vl_dir)
+    for policy, status, needle in [(ScriptedPolicy(tokenizer, turns("never said")), 400, "needs --policy URL"),
+                                   (HTTPPolicy("http://127.0.0.1:9", "qwen-vl"), 502, "policy chat endpoint")]:
+        with GatewayThread(PolicyGateway(policy, tokenizer, "qwen-vl", fmt=FORMATS["hermes"])) as url:
+            for streamed in (False, True):
+                r = httpx.post(url + "/v1/messages", json={**IMAGE_CALL, "stream": streamed}, timeout=30)
+                assert r.status_code == status and needle in r.json()["error"]["message"], r.text

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from forgerl.runners.cli import main as forge_run_main
-from forgerl.runners.harnesses import HARNESSES, HarnessError, RunContext
-from forgerl.runners.harnesses.base import McpServer
+from forgerl.harnesses import HARNESSES, HarnessError, McpServer, RunContext
 from forgerl.runners.simulated_user import (USER_TURN_PREFIX, Persona, Rounds, SimulatedUser, UserModel,
                                             UserModelError, hold_dialogue, refusal)
 from forgerl.schema.messages import Message, Part

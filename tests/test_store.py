@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from forgerl.schema import store, tables
+from forgerl.schema import files, store, tables
 from forgerl.schema.messages import Exchange, Message, Part, Usage
 from forgerl.schema.records import CallRecord, decompress, messages_from_refs
-from forgerl.schema.store import SchemaVersionError
+from forgerl.schema.files import SchemaVersionError
 
 
 def make_call(session: str, i: int, history: list[Message]) -> CallRecord:
@@ -71,16 +71,16 @@ def test_three_readers_load_the_root(tmp_path):
         record_session(w, "a", 3)
         w.flush()
         record_session(w, "b", 4)
-    files = store.data_files(tmp_path, "calls")
-    assert len(files) >= 2
-    ds = datasets.load_dataset("parquet", data_files={"train": files}, features=tables.features("calls"),
+    paths = files.data_files(tmp_path, "calls")
+    assert len(paths) >= 2
+    ds = datasets.load_dataset("parquet", data_files={"train": paths}, features=tables.features("calls"),
                                split="train", cache_dir=str(tmp_path / "hf"))
     assert ds.num_rows == 7 and ds.features == tables.features("calls")
     assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/calls/*.parquet')").fetchall()[0][0] == 7
     assert pl.scan_parquet(f"{tmp_path}/calls/*.parquet").select(pl.len()).collect().item() == 7
     for table in tables.TABLES:
         glob = f"{tmp_path}/{table}/*.parquet"
-        if store.data_files(tmp_path, table):
+        if files.data_files(tmp_path, table):
             pl.scan_parquet(glob).collect()
             duckdb.sql(f"SELECT * FROM read_parquet('{glob}')").fetchall()
 
@@ -103,7 +103,7 @@ def test_compaction_is_atomic_for_readers(tmp_path):
         for i in range(30):
             record_session(w, f"s{i}", 2)
             w.flush()
-    before = len(store.data_files(tmp_path, "calls"))
+    before = len(files.data_files(tmp_path, "calls"))
     assert before == 30
     stop = threading.Event()
     seen: list[int] = []
@@ -121,7 +121,7 @@ def test_compaction_is_atomic_for_readers(tmp_path):
     stop.set()
     reader.join()
     assert replaced["calls"] == 30
-    assert len(store.data_files(tmp_path, "calls")) == 1
+    assert len(files.data_files(tmp_path, "calls")) == 1
     assert set(seen) == {60}, "a reader saw a call twice or not at all"
     # A second compaction folds duplicates left by a restarted writer.
     with store.DatasetWriter(tmp_path) as w:
@@ -149,13 +149,13 @@ def test_the_session_index_follows_new_files_and_a_compaction(tmp_path):
         w.add_call(make_call("a", 2, []))  # a's third call in a second file
         w.flush()
         assert counts() == {"a": 3, "b": 2, "c": 0}
-        assert holding("a") == store.data_files(tmp_path, "calls") and len(holding("a")) == 2
+        assert holding("a") == files.data_files(tmp_path, "calls") and len(holding("a")) == 2
         assert sessions.session_count(tmp_path, "messages", "b") > 0  # another table, its own index
         store.compact(tmp_path)
-        assert counts() == {"a": 3, "b": 2, "c": 0} and holding("a") == store.data_files(tmp_path, "calls")
+        assert counts() == {"a": 3, "b": 2, "c": 0} and holding("a") == files.data_files(tmp_path, "calls")
         record_session(w, "c", 3)
         w.flush()
-    assert counts() == {"a": 3, "b": 2, "c": 3} and holding("c") == store.data_files(tmp_path, "calls")[1:]
+    assert counts() == {"a": 3, "b": 2, "c": 3} and holding("c") == files.data_files(tmp_path, "calls")[1:]
     calls = sessions.session_rows(tmp_path, "calls", "a", ["call_id"]).column("call_id").to_pylist()
     assert sorted(calls) == ["a-0", "a-1", "a-2"]
     sessions.forget()
@@ -172,10 +172,10 @@ def test_an_older_listing_read_meanwhile_does_not_hide_a_new_file(tmp_path):
     with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
         record_session(w, "a", 2)
         w.flush()
-        _, older = store.data_file_names(tmp_path, "calls")
+        _, older = files.data_file_names(tmp_path, "calls")
         record_session(w, "b", 3)
         w.flush()
-    path, newer = store.data_file_names(tmp_path, "calls")
+    path, newer = files.data_file_names(tmp_path, "calls")
     index = sessions._folder(path)
     index.update(newer)
     index.update(older)
@@ -199,7 +199,7 @@ def test_delete_session_rewrites_only_its_files(tmp_path):
         record_session(w, "gone", 3)
         record_session(w, "keep2", 1)
         w.flush()
-    keep_files = {p: os.stat(p).st_mtime_ns for p in store.data_files(tmp_path, "calls")[:1]}
+    keep_files = {p: os.stat(p).st_mtime_ns for p in files.data_files(tmp_path, "calls")[:1]}
     removed = store.delete_session(tmp_path, "gone")
     assert removed["calls"] == 3 and removed["messages"] > 0 and removed["sessions"] == 1
     for p, mtime in keep_files.items():
@@ -213,18 +213,18 @@ def test_delete_session_rewrites_only_its_files(tmp_path):
 def test_a_file_from_the_future_is_refused(tmp_path):
     with store.DatasetWriter(tmp_path) as w:
         record_session(w, "s", 2)
-    path = Path(store.data_files(tmp_path, "sessions")[0])
-    store.atomic_write_table(path, pq.read_table(path), "sessions", version=tables.SCHEMA_VERSION + 1)
+    path = Path(files.data_files(tmp_path, "sessions")[0])
+    files.atomic_write_table(path, pq.read_table(path), "sessions", version=tables.SCHEMA_VERSION + 1)
     with pytest.raises(SchemaVersionError, match="upgrade forgerl"):
         store.read_table(tmp_path, "sessions")
 
 
 def test_not_a_dataset(tmp_path):
-    with pytest.raises(store.DatasetError, match="not a forgerl dataset"):
+    with pytest.raises(files.DatasetError, match="not a forgerl dataset"):
         store.read_table(tmp_path, "calls")
-    (tmp_path / store.MANIFEST).write_text(json.dumps({"format": store.FORMAT, "schema_version": 99}))
+    (tmp_path / files.MANIFEST).write_text(json.dumps({"format": files.FORMAT, "schema_version": 99}))
     with pytest.raises(SchemaVersionError):
-        store.read_manifest(tmp_path)
+        files.read_manifest(tmp_path)
 
 
 WRITER_SCRIPT = textwrap.dedent("""
@@ -259,7 +259,7 @@ def test_kill_minus_9_loses_at_most_the_last_flush(tmp_path):
     due = [i for i, t in acked if t < kill_time - 1.0]
     assert due and all(f"s-{i}" in ids for i in due)
     for table in tables.TABLES:
-        for f in store.data_files(tmp_path, table):
+        for f in files.data_files(tmp_path, table):
             pq.read_table(f)
 
 
@@ -279,12 +279,12 @@ def test_row_groups_are_bounded_in_bytes(tmp_path):
     """Wide rows (a prompt of 100k token ids each) get small row groups, so a reader decoding one group
     a vector at a time needs tens of MB, not gigabytes; narrow rows keep large groups."""
     wide = pa.table({"session_id": ["s"] * 400, "prompt_token_ids": [list(range(100_000))] * 400})
-    store.atomic_write_table(tmp_path / "wide.parquet", wide, "calls")
+    files.atomic_write_table(tmp_path / "wide.parquet", wide, "calls")
     meta = pq.ParquetFile(tmp_path / "wide.parquet").metadata
     assert meta.num_rows == 400 and meta.num_row_groups >= 4
     assert all(meta.row_group(g).num_rows * 400_000 <= 40 << 20 for g in range(meta.num_row_groups))
     narrow = pa.table({"session_id": [f"s{i}" for i in range(50_000)]})
-    store.atomic_write_table(tmp_path / "narrow.parquet", narrow, "sessions")
+    files.atomic_write_table(tmp_path / "narrow.parquet", narrow, "sessions")
     assert pq.ParquetFile(tmp_path / "narrow.parquet").metadata.num_row_groups == 1
 
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from forgerl.schema import store, tables
+from forgerl.schema import files, store, tables
 from forgerl.schema.migrations import upgrade
 
 from conftest import session_calls
@@ -110,19 +110,19 @@ def test_the_migration_decides_as_the_writer(recorded, tmp_path):
     root.mkdir()
     for table in tables.TABLES:
         (root / table).mkdir()
-        for path in map(Path, store.data_files(recorded, table)):
+        for path in map(Path, files.data_files(recorded, table)):
             data = pq.read_table(path)
             if table == "calls":
                 data = data.drop_columns(["tools_absent", "malformed_tool_calls"])
-            store.atomic_write_table(root / table / path.name, data, table, 2)
-    manifest = store.read_manifest(recorded)
-    store.write_manifest(root, {**manifest, "schema_version": 2})
-    assert pq.read_schema(store.data_files(root, "calls")[0]).names == tables.CALLS.names[:-2]
+            files.atomic_write_table(root / table / path.name, data, table, 2)
+    manifest = files.read_manifest(recorded)
+    files.write_manifest(root, {**manifest, "schema_version": 2})
+    assert pq.read_schema(files.data_files(root, "calls")[0]).names == tables.CALLS.names[:-2]
     upgraded = upgrade(root)
     assert upgraded["schema_version"] == 4 and upgraded["migrations"][-2:] == ["m003_tools_absent",
                                                                                "m004_malformed_tool_calls"]
     assert flags(root) == flags(recorded)
-    assert pq.read_schema(store.data_files(root, "calls")[0]).field("tools_absent").type == pa.bool_()
+    assert pq.read_schema(files.data_files(root, "calls")[0]).field("tools_absent").type == pa.bool_()
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@
   GRPO, `agg_loss` and vanilla PPO loss;
 - the weights: a rollout cut into 12 segments counts once in the baseline and
   in the loss; padding rows get exactly zero gradient (autograd);
+- the rows of a rollout whose last call is not the main agent's (a memory
+  extractor after the final answer): the graded segment (and call) comes last;
 - a served Claude Code session with a subagent and a compaction: the agent
   loop's rows are exactly what `forge-convert --to tokens` cuts (thread and
   per-call), and the manager's worker, run by veRL's own `_run_prompt`,
@@ -188,6 +190,27 @@ def test_padding_rows_carry_no_gradient():
     assert grpo_advantages(torch.tensor([0.0]), ["pad0"], ["pad0"], [True], torch.zeros(1, 3)).abs().sum() == 0
 
 
+def test_the_graded_segment_is_the_last_row_even_when_a_subagent_calls_last():
+    from forgerl.trainer.trajectory import per_call, segments
+
+    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def call(k: int, index: int, reason: str, parent: int | None, prompt: list[int], completion: list[int]) -> dict:
+        return {"call_id": f"c{k}", "session_id": "s", "seq": k, "t_start": t, "prompt_token_ids": prompt,
+                "completion_token_ids": completion, "completion_logprobs": [-0.5] * len(completion),
+                "segment_index": index, "segment_reason": reason, "parent_segment": parent,
+                "parent_position": None if parent is None else 2}
+
+    calls = [call(0, 0, "start", None, [1, 2], [3]), call(1, 0, "start", None, [1, 2, 3, 4], [5]),
+             call(2, 1, "subagent", 0, [9, 2, 3, 4, 5, 6], [7])]  # the memory extractor, after the answer
+    thread = segments(calls)
+    assert [(s.index, s.sample_id("s")) for s in thread] == [(1, "s:1"), (0, "s:0")]
+    assert (thread[-1].prompt_ids, thread[-1].response_ids, thread[-1].response_mask) == ([1, 2], [3, 4, 5],
+                                                                                          [1, 0, 1])
+    assert thread[-1].response_logprobs == [-0.5, 0.0, -0.5] and thread[-1].calls == 2
+    assert [s.sample_id("s") for s in per_call(calls)] == ["s:0/0", "s:1/0", "s:0/1"]
+
+
 # ---- a served Claude Code rollout with a subagent and a compaction ----
 
 @pytest.fixture(scope="module")
@@ -237,7 +260,7 @@ def harness_loop(served, config):
 
 def outcome(served, status: str = "success", score: float = 1.0):
     from forgerl.runners.rollout import Outcome, Rollout
-    from forgerl.runners.tasks import load_task
+    from forgerl.runners.loader import load_task
     from runner_fixtures import toml_task
 
     task = load_task(toml_task(served["base"] / "tasks", "count", "return {'a': 1.0}"))

@@ -3,8 +3,8 @@
 Datasets: the converter tests' Qwen3 chat sessions (engine token ids from a
 vLLM-like upstream, recorded through `forge-record serve`) plus one image
 call recorded the same way, and the bundled analysis example (graded
-outcomes, Claude Code- and Codex-like sessions). Set FORGERL_UPDATE_DOCS=1 to
-refresh the screenshot analysis/README.md shows.
+outcomes, Claude Code- and Codex-like sessions). The layout at 1400x1100 and
+the screenshot analysis/README.md shows: `test_viewer_screenshots.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import base64
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -171,13 +171,61 @@ def test_session_calls_and_errors(example_viewer):
     last = example_viewer.json(f"/api/call?id={session['calls'][-1]['call_id']}")
     results = [p for m in last["input"] for p in m["parts"] if p["type"] == "tool_result"]
     assert sum(last["tool_results"][p["call_id"]]["failed"] for p in results) == 2 < len(results)
+    # what the last call adds: one tool result after the conversation the call before it had
+    assert (last["repeated"], last["repeats"]) == (len(last["input"]) - 1, session["calls"][-2]["call_id"])
+    first = example_viewer.json(f"/api/call?id={session['calls'][0]['call_id']}")
+    assert (first["repeated"], first["repeats"]) == (0, None)
+    # the trajectory: the test fails twice, the fix, the test passes, the notes
+    assert [(t["tool_name"], t["kind"], t["target"], t["failed"]) for t in session["tool_calls"]] == [
+        ("Bash", "shell", "pytest tests/test_a.py", True), ("Bash", "shell", "pytest tests/test_a.py", True),
+        ("Edit", "write", "/w/a.py", False), ("Bash", "shell", "pytest tests/test_a.py", False),
+        ("Write", "write", "/w/NOTES.md", False)]
     assert example_viewer.json(f"/api/call?id={last['call_id']}&session={sid}") == last
     assert example_viewer.get(f"/api/call?id={last['call_id']}&session=cc-verify-a1")[0] == 404  # not its session
     raw = example_viewer.json(f"/api/raw?id={session['calls'][0]['call_id']}")
     assert json.loads(raw["request_raw"])["messages"]
     assert example_viewer.get("/api/session?id=nope")[0] == 404
-    assert example_viewer.get("/api/sessions?sort=colour")[0] == 400
-    assert example_viewer.get("/api/tokens?session=x")[0] == 400
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/api/sessions?sort=colour", "unknown sort 'colour'"),
+    ("/api/sessions?limit=many", "parameter 'limit' must be a whole number"),
+    ("/api/sessions?limit=0", "limit must be 1..1000"),
+    ("/api/sessions?limit=--5", "parameter 'limit' must be a whole number"),
+    ("/api/sessions?after=not-a-cursor", "bad page cursor"),
+    ("/api/sessions?after=" + base64.urlsafe_b64encode(b'[{"a": 1}, "s"]').decode(), "bad page cursor"),
+    ("/api/tokens?session=x", "missing parameter 'segment'"),
+    ("/api/tokens?session=x&segment=first", "parameter 'segment' must be a whole number"),
+    ("/api/call", "missing parameter 'id'"),
+    ("/report?by=colour", "unknown --by column 'colour'"),
+])
+def test_bad_parameters_are_400(example_viewer, path, message):
+    status, body, _ = example_viewer.get(path)
+    assert status == 400 and message in json.loads(body)["error"], body
+
+
+def test_a_bug_is_500_with_its_traceback(tmp_path):
+    """A ValueError from the viewer's own reading (here: a stored `tools` column that is not JSON, so
+    `json.loads` fails) is a bug, not the request's fault: 500, its traceback where the viewer was started."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "data"
+    shutil.copytree(EXAMPLE, root)
+    (path,) = (root / "calls").glob("*.parquet")
+    table = pq.read_table(path)
+    tools = table.column("tools").to_pylist()
+    broken = next(i for i, t in enumerate(tools) if t)
+    tools[broken] = "{not json"
+    pq.write_table(table.set_column(table.schema.get_field_index("tools"), "tools", [tools]), path)
+    call_id = table.column("call_id")[broken].as_py()
+    viewer = ViewerProcess(root)
+    try:
+        status, body, _ = viewer.get(f"/api/call?id={call_id}")
+        assert viewer.get("/api/sessions?limit=x")[0] == 400  # bad input stays bad input
+    finally:
+        log = viewer.stop()
+    assert status == 500 and json.loads(body)["error"].startswith("bug in forgerl: JSONDecodeError"), body
+    assert "Traceback" in log and "json.decoder.JSONDecodeError" in log
 
 
 def test_first_page_imports_no_pandas():
@@ -270,7 +318,8 @@ def test_bad_input_is_one_line(args, message):
 # --- in the browser ------------------------------------------------------------------------------
 
 
-async def _until(dt: DevTools, expression: str, timeout: float = 30) -> object:
+async def until(dt: DevTools, expression: str, timeout: float = 30) -> object:
+    """The expression's value once it is truthy (the page renders after its fetches answer)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = (await dt.send("Runtime.evaluate", expression=expression, returnByValue=True,
@@ -286,12 +335,13 @@ async def _until(dt: DevTools, expression: str, timeout: float = 30) -> object:
 async def _counts(dt: DevTools, **selectors: str) -> dict[str, int]:
     """How many elements each CSS selector matches (once the page shows any)."""
     fields = ", ".join(f"{name}: document.querySelectorAll({json.dumps(css)}).length" for name, css in selectors.items())
-    return await _until(dt, f"({{{fields}}})")
+    return await until(dt, f"({{{fields}}})")
 
 
-async def _go(dt: DevTools, url: str) -> None:
+async def go(dt: DevTools, url: str) -> None:
+    """Open a viewer URL and wait until its route has rendered."""
     await dt.send("Runtime.evaluate", expression=f"location.href = {json.dumps(url)}")
-    await _until(dt, f"document.body.dataset.ready === {json.dumps(url[url.index('#'):])}")
+    await until(dt, f"document.body.dataset.ready === {json.dumps(url[url.index('#'):])}")
 
 
 async def _browse(ws_url: str, base: str, shots: Path) -> dict:
@@ -302,42 +352,45 @@ async def _browse(ws_url: str, base: str, shots: Path) -> dict:
         for domain in ("Page", "Runtime", "Log"):
             await dt.send(f"{domain}.enable")
         await dt.send("Page.navigate", url=base + "#/")
-        await _until(dt, "document.body.dataset.ready === '#/'")
-        seen = {"list": await _until(dt, "[...document.querySelectorAll('#sessions tr[data-session]')]"
+        await until(dt, "document.body.dataset.ready === '#/'")
+        seen = {"list": await until(dt, "[...document.querySelectorAll('#sessions tr[data-session]')]"
                                          ".map(r => r.dataset.session)")}
         await dt.send("Runtime.evaluate", expression="document.querySelector('#f-q').value = 'paris';"
                                                      "document.querySelector('#f-q').onchange()")
-        await _until(dt, "document.body.dataset.ready === '#/?q=paris&sort=time&dir=desc'")
-        seen["search"] = await _until(dt, "[...document.querySelectorAll('#sessions tr[data-session]')]"
+        await until(dt, "document.body.dataset.ready === '#/?q=paris&sort=time&dir=desc'")
+        seen["search"] = await until(dt, "[...document.querySelectorAll('#sessions tr[data-session]')]"
                                           ".map(r => r.dataset.session)")
         await dt.send("Runtime.evaluate", expression="document.querySelector('tr[data-session=\"chat-tools\"]').click()")
-        await _until(dt, "document.body.dataset.ready === '#/session/chat-tools'")
-        seen["calls"] = await _until(dt, "document.querySelectorAll('tr.call').length")
-        seen["facts"] = await _until(dt, "document.querySelector('#session-facts').innerText")
+        await until(dt, "document.body.dataset.ready === '#/session/chat-tools'")
+        seen["calls"] = await until(dt, "document.querySelectorAll('tr.call').length")
+        seen["facts"] = await until(dt, "document.querySelector('#session-facts').innerText")
         await dt.send("Runtime.evaluate", expression="document.querySelectorAll('tr.call')[1].click()")
-        await _until(dt, "document.body.dataset.ready.includes('/call/')")
+        await until(dt, "document.body.dataset.ready.includes('/call/')")
         seen["call"] = await _counts(dt, messages="#detail .message", history="#detail .message.history",
                                      reasoning="#detail .message:not(.history) .part.reasoning",
                                      results="#detail .message:not(.history) .part.tool_result")
-        seen["call"]["facts"] = await _until(dt, "document.querySelector('#call-facts').innerText")
+        seen["call"]["facts"] = await until(dt, "document.querySelector('#call-facts').innerText")
+        seen["call"]["folded"] = await until(dt, "document.querySelector('#history > summary').innerText")
+        await dt.send("Runtime.evaluate", expression="document.querySelector('#history > summary').click()")
+        seen["call"]["unfolded"] = await until(dt, "document.querySelectorAll('#history .message.history').length")
         await dt.send("Runtime.evaluate", expression="document.querySelector('#show-raw').click()")
-        seen["raw"] = await _until(dt, "document.querySelectorAll('#raw pre').length === 2 && "
+        seen["raw"] = await until(dt, "document.querySelectorAll('#raw pre').length === 2 && "
                                        "document.querySelector('#raw pre').innerText.slice(0, 200)")
         shot = (await dt.send("Page.captureScreenshot", format="png"))["data"]
         (shots / "viewer-call.png").write_bytes(base64.b64decode(shot))
         await dt.send("Runtime.evaluate", expression="document.querySelector('a.token-link').click()")
-        await _until(dt, "document.body.dataset.ready === '#/session/chat-tools/tokens/0'")
+        await until(dt, "document.body.dataset.ready === '#/session/chat-tools/tokens/0'")
         seen["tokens"] = await _counts(dt, engine="#engine-tokens .tok", loss="#engine-tokens .tok.loss",
                                        drift="#engine-tokens .tok.drift", rendered="#rendered-tokens .tok")
-        seen["tokens"]["summary"] = await _until(dt, "document.querySelector('#drift-summary').innerText")
-        await _go(dt, base + "#/session/chat-image/call/" + await _until(
+        seen["tokens"]["summary"] = await until(dt, "document.querySelector('#drift-summary').innerText")
+        await go(dt, base + "#/session/chat-image/call/" + await until(
             dt, "fetch('/api/session?id=chat-image').then(r => r.json()).then(s => s.calls[0].call_id)"))
-        seen["image"] = await _until(dt, "[...document.querySelectorAll('#detail img')].map(i => i.naturalWidth)"
+        seen["image"] = await until(dt, "[...document.querySelectorAll('#detail img')].map(i => i.naturalWidth)"
                                          ".filter(w => w > 0)")
-        await _go(dt, base + "#/session/gui-keep/call/" + await _until(
+        await go(dt, base + "#/session/gui-keep/call/" + await until(
             dt, "fetch('/api/session?id=gui-keep').then(r => r.json()).then(s => s.calls[0].call_id)"))
         await dt.send("Runtime.evaluate", expression="document.querySelector('#show-raw').click()")
-        seen["gui_raw"] = await _until(dt, "document.querySelector('#raw-images') && "
+        seen["gui_raw"] = await until(dt, "document.querySelector('#raw-images') && "
                                            "[document.querySelector('#raw-images').innerText, "
                                            "document.querySelector('#raw-images a').href, "
                                            "document.querySelector('#raw pre').innerText]")
@@ -347,14 +400,19 @@ async def _browse(ws_url: str, base: str, shots: Path) -> dict:
         return seen
 
 
-@pytest.mark.slow
-def test_browse_list_session_call_tokens_in_chromium(chat_viewer, tmp_path):
-    proc, ws_url = _chromium(tmp_path / "profile")
+def in_chromium(browse: Callable[[str, str, Path], Awaitable[dict]], base: str, folder: Path) -> dict:
+    """What `browse(DevTools URL, viewer URL, folder)` saw, in a headless Chromium started for it."""
+    proc, ws_url = _chromium(folder / "profile")
     try:
-        seen = asyncio.run(_browse(ws_url, chat_viewer.url, tmp_path))
+        return asyncio.run(browse(ws_url, base, folder))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_browse_list_session_call_tokens_in_chromium(chat_viewer, tmp_path):
+    seen = in_chromium(_browse, chat_viewer.url, tmp_path)
     assert seen["problems"] == []
     assert seen["errors"]["result"]["value"] == 0
     assert sorted(seen["list"]) == ["chat-image", "chat-multi", "chat-plain", "chat-tools", "gui-hash", "gui-keep"]
@@ -362,8 +420,11 @@ def test_browse_list_session_call_tokens_in_chromium(chat_viewer, tmp_path):
     assert seen["calls"] == 2
     assert re.search(r"harness\s+openai-python", seen["facts"]) and "object" not in seen["facts"], seen["facts"]
     call = seen["call"]
-    # the second call continues the first: its 3 earlier messages are folded away, the tool result is new
-    assert (call["messages"], call["history"], call["reasoning"], call["results"]) == (5, 3, 1, 1)
+    # the second call continues the first: its 3 earlier messages are folded away (built when unfolded), the
+    # tool result is new
+    assert (call["messages"], call["history"], call["reasoning"], call["results"]) == (2, 0, 1, 1)
+    assert call["folded"] == "3 earlier messages this call repeats (call 1 sent or got them)"
+    assert call["unfolded"] == 3
     assert "HTTP 200" in call["facts"] and "first byte" in call["facts"]
     assert '"messages"' in seen["raw"]
     tokens = seen["tokens"]
@@ -376,5 +437,3 @@ def test_browse_list_session_call_tokens_in_chromium(chat_viewer, tmp_path):
     assert "[image 1: image/png 640x400, " in request and "forgerl-blob" not in request
     png = (tmp_path / "viewer-call.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
-    if os.environ.get("FORGERL_UPDATE_DOCS"):
-        shutil.copy(tmp_path / "viewer-call.png", REPO / "analysis" / "viewer" / "screenshot.png")

@@ -198,7 +198,8 @@ def test_a_sample_reads_only_the_blobs_it_refers_to(tmp_path):
 
     from forgerl.schema.messages import Exchange, Message, Part, sha256_hex
     from forgerl.schema.records import CallRecord
-    from forgerl.schema.store import DatasetWriter, data_files
+    from forgerl.schema.files import data_files
+    from forgerl.schema.store import DatasetWriter
     from datetime import datetime, timezone
 
     root, kept = tmp_path / "data", screenshot(2)

@@ -185,8 +185,8 @@ def test_browser_use_phones_nothing_home(tmp_path):
     ships Google API keys (/etc/chromium.d/apikeys), still calls Google's update, network-time and sign-in
     services and preconnects to its default search engine whatever browser-use's flags say; in a `forge-run`
     rollout's network namespace those find nothing to reach."""
-    from forgerl.recorder.launch import BROWSER_USE_OFFLINE
-    from forgerl.runners.harnesses.browser_use import BROWSER_VENV_PYTHON, CLI
+    from forgerl.harnesses import get_harness
+    from forgerl.harnesses.browser_use import BROWSER_USE_OFFLINE, CLI
 
     from harness_checks import record_trapped
     from web_fixtures import load_app
@@ -198,7 +198,7 @@ def test_browser_use_phones_nothing_home(tmp_path):
         return bu_turn({"done": {"text": "Leaf & Kettle" if "Leaf & Kettle" in page else "?", "success": True}})
 
     with served(load_app("shop")) as url:
-        cmd = [str(BROWSER_VENV_PYTHON), "-P", str(CLI), "--task", f"Open {url}", "--model", "gpt-test",
+        cmd = [get_harness("browser-use").find(), "-P", str(CLI), "--task", f"Open {url}", "--model", "gpt-test",
                "--history", str(tmp_path / "history.json"), "--viewport", "640x480"]
         run = record_trapped(tmp_path, "bu-trap", script, cmd, {**BROWSER_USE_OFFLINE, "OPENAI_API_KEY": "sk-test"})
     assert run["run"].returncode == 0, run["run"].stderr[-3000:]

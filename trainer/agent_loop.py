@@ -24,7 +24,7 @@ logprobs, and the task's reward.
   `thread` (what `forge-train rl` writes by default) every segment, `per_call`
   every call, last one last, for `segment_manager.py`'s workers to weigh
   (veRL's V1 trainer stores each output as a row); `last` (with no `forgerl`
-  section) the segment holding the rollout's last call alone.
+  section) the segment holding the call grading read (the main thread's last) alone.
 - A sample longer than `rollout.prompt_length` / `response_length` is never
   truncated silently: it comes back fully masked and counted
   (`forge_overlong`), with a warning; `forge-train rl` sizes both lengths from
@@ -52,11 +52,12 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from forgerl.recorder.policy import Generation, Sampling
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.recorder.serve import PolicyGateway
-from forgerl.runners.harnesses import get_harness
+from forgerl.harnesses import get_harness
+from forgerl.runners.loader import find_task, load_task
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import HarnessSlots, Outcome, Rollout
+from forgerl.runners.tasks import Task
 from forgerl.schema.sessions import session_rows
-from forgerl.runners.tasks import Task, find_task, load_task
 
 from .segment_rl import Expansion
 from .trajectory import CALL_COLUMNS, Segment, per_call, segments
@@ -133,7 +134,7 @@ class HarnessAgentLoop(AgentLoopBase):
     def output(self, outcome: Outcome, calls: list[dict[str, Any]],
                served: int) -> AgentLoopOutput | list[AgentLoopOutput]:
         """What one finished rollout trains (public so it can be checked against recorded calls): with
-        `forgerl.rows=last` the segment holding the last call; with `thread` / `per_call` every segment
+        `forgerl.rows=last` the segment holding the graded call; with `thread` / `per_call` every segment
         (every call), last segment last, each with the rollout's reward (`segment_manager.py` weighs them)."""
         found = per_call(calls) if self.expansion.rows == "per_call" else segments(calls)
         reward = outcome.row()["reward"]

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from forgerl.errors import UserError
 
 
-class LaunchError(UserError, ValueError):
+class LaunchError(UserError):
     """Bad options or data: one line, exit 2."""
 
 

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from forgerl.runners.grading import combine, grade_workspace
+from forgerl.runners.loader import load_tasks
 from forgerl.runners.rollout import prepare_workspace
-from forgerl.runners.tasks import Task, load_tasks
+from forgerl.runners.tasks import Task
 from forgerl.runners.transcript import openclaw_events
 from forgerl.schema.messages import Message, Part
 

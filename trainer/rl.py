@@ -45,8 +45,8 @@ import yaml
 
 from forgerl.errors import removed_on_user_error
 from forgerl.recorder.redact import Redactor
-from forgerl.runners.harnesses import get_harness
-from forgerl.runners.tasks import load_tasks
+from forgerl.harnesses import get_harness
+from forgerl.runners.loader import load_tasks
 
 from .launch import LaunchError, compose, module_command, run, write_config, yaml_list
 from .reward import screen

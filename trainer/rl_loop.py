@@ -28,11 +28,11 @@ from typing import Any
 if __package__:
     from .segment_rl import (LOSS_AGG_MODES, SEGMENT_REWARDS, WEIGHTINGS, Row, batch_multiple, expansion_metrics,
                              padding_rows, policy_loss, rollout_rows, to_batch)
-    from .sft_loop import load_model, loop_parser, pick_device, read_rows
+    from .sft_loop import BadInput, load_model, loop_parser, pick_device, read_rows
 else:  # run as a file (gpu_check.sh): its folder is on sys.path, forgerl need not be installed
     from segment_rl import (LOSS_AGG_MODES, SEGMENT_REWARDS, WEIGHTINGS, Row, batch_multiple, expansion_metrics,
                             padding_rows, policy_loss, rollout_rows, to_batch)
-    from sft_loop import load_model, loop_parser, pick_device, read_rows
+    from sft_loop import BadInput, load_model, loop_parser, pick_device, read_rows
 
 COLUMNS = ["session_id", "segment_index", "input_ids", "loss_mask", "reward"]
 
@@ -46,7 +46,7 @@ def shard_rows(tokens: Path, max_length: int, segment_reward: str, gamma: float,
         if any(r["loss_mask"][-max_length:]):
             sessions.setdefault(r["session_id"], []).append(r)
     if not sessions:
-        raise ValueError(f"{tokens}: no row has loss tokens")
+        raise BadInput(f"{tokens}: no row has loss tokens")
     out: list[Row] = []
     stand_in = False
     for n, (session, found) in enumerate(sessions.items()):
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                                     args.loss_agg_mode)
         device = pick_device(args.device)
         model = load_model(args.model, device, args.hidden, args.layers)
-    except (ValueError, OSError) as e:
+    except BadInput as e:
         print(f"rl_loop: {e}", file=sys.stderr)
         return 2
     padded = rows + padding_rows(len(rows), batch_multiple(args.dp_size, args.mini_batch_rows), pad_id=0)

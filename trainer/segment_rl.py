@@ -9,7 +9,8 @@ path (`segment_manager.py`, which hands the same numbers to veRL) share it;
 `tests/test_trainer_segments.py` checks it against veRL's own functions.
 
 Rollout j of prompt group g (its uid) has graded reward R_j and K_j rows,
-k = 0 .. K_j-1 in order of their last call (row K_j-1 holds the final call).
+k = 0 .. K_j-1 in order of their last call, except that row K_j-1 is the one
+holding the call grading read (the main thread's last: `trajectory.py`).
 
 Baseline. veRL's GRPO groups rows by uid: mean and std over the group's rows.
 Copied to K_j rows, R_j would count K_j times in that mean and std (a rollout
@@ -67,7 +68,7 @@ CONFIG_KEY = "forgerl"  # the PPO config section that holds an Expansion
 class Expansion:
     """The `forgerl` section of the PPO config: how a rollout becomes training rows."""
 
-    rows: str = "last"  # last: the segment with the final call only; thread: every segment; per_call: every call
+    rows: str = "last"  # last: the segment with the graded call only; thread: every segment; per_call: every call
     segment_reward: str = "copy"
     gamma: float = 1.0
     weighting: str = "rollout"
@@ -85,7 +86,7 @@ class Expansion:
 
 
 def segment_rewards(reward: float, count: int, segment_reward: str = "copy", gamma: float = 1.0) -> list[float]:
-    """The reward each of a rollout's `count` rows carries (the last row holds the final call)."""
+    """The reward each of a rollout's `count` rows carries (the last row holds the graded call)."""
     return [reward * c for c in credits(count, segment_reward, gamma)]
 
 
@@ -114,7 +115,7 @@ class Row:
 
     group: str  # the prompt's uid: GRPO groups by it
     rollout: str  # the rollout the row came from
-    final: bool  # holds the rollout's final call
+    final: bool  # holds the call grading read (the main thread's last)
     prompt_ids: list[int]
     response_ids: list[int]
     response_mask: list[int]

@@ -19,24 +19,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 QWEN3_VOCAB = 151936  # Qwen3's tokenizer: the ids in recorded shards go up to here
+
+
+class BadInput(Exception):
+    """Shards or a model the loop cannot train on: one line, exit 2 (the loop runs as a file, without forgerl's
+    `UserError`)."""
 
 
 def read_rows(tokens: Path, columns: list[str]) -> list[dict[str, Any]]:
     """Every row of a tokens folder's parquet shards (`columns` only), in file order."""
     files = sorted(tokens.rglob("*.parquet"))
     if not files:
-        raise ValueError(f"{tokens}: no parquet shards (make them with forge-convert --to tokens)")
-    return [row for path in files for row in pq.read_table(path, columns=columns).to_pylist()]
+        raise BadInput(f"{tokens}: no parquet shards (make them with forge-convert --to tokens)")
+    out = []
+    for path in files:
+        try:
+            out += pq.read_table(path, columns=columns).to_pylist()
+        except pa.ArrowInvalid as e:  # not parquet, or a column missing
+            raise BadInput(f"{path}: not a tokens shard: {e}") from None
+    return out
 
 
 def rows(tokens: Path, max_length: int) -> list[tuple[list[int], list[int]]]:
     out = [(r["input_ids"][-max_length:], r["loss_mask"][-max_length:])  # keep the end: it holds the answers
            for r in read_rows(tokens, ["input_ids", "loss_mask"]) if any(r["loss_mask"])]
     if not out:
-        raise ValueError(f"{tokens}: no row has loss tokens")
+        raise BadInput(f"{tokens}: no row has loss tokens")
     return out
 
 
@@ -47,7 +59,11 @@ def load_model(model_path: Path | None, device: str, hidden: int = 256, layers: 
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     if model_path is not None:
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).train()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        except (OSError, ValueError) as e:  # no such folder, or a config transformers does not recognise
+            raise BadInput(f"--model {model_path}: cannot load: {str(e).splitlines()[0]}") from None
+        return model.to(device).train()
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=QWEN3_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
@@ -107,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         device = pick_device(args.device)
         model = load_model(args.model, device, args.hidden, args.layers)
         losses = train(args.tokens, model, args.steps, args.lr, args.max_length, device)
-    except (ValueError, OSError) as e:
+    except BadInput as e:
         print(f"sft_loop: {e}", file=sys.stderr)
         return 2
     print(f"loss first {losses[0]:.4f} last {losses[-1]:.4f} on {device}")

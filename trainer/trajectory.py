@@ -6,13 +6,14 @@ ids it generated (`recorder/serve.py`), and its stored segment
 continues). A segment is its first call's prompt, then per call the new
 prompt tokens (tool results or user turns: mask 0, logprob 0) and the
 completion (the model's: mask 1, its logprobs) -- the same cut as
-`forge-convert --to tokens`.
+`forge-convert --to tokens` (both join the ids with `joined_ids`).
 
 Per-call mode (`per_call`) cuts one sample per call instead: the call's whole
 prompt, then its completion -- `forge-convert --to tokens --mode per-call`'s
-cut. Either list ends with the sample holding the rollout's last call, which
-produced the final answer the reward grades; `forgerl.rows` decides whether
-the agent loop returns all of them (`segment_manager.py`) or that one.
+cut. Either list ends with the sample holding the call grading read (the
+main thread's last call, `main_thread`: not a subagent's or a memory
+extractor's that came after it); `forgerl.rows` decides whether the agent
+loop returns all of them (`segment_manager.py`) or that one.
 """
 
 from __future__ import annotations
@@ -21,13 +22,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from forgerl.schema.segments import (engine_ids, joined_ids, main_thread, placed, recorded_order, segment_id,
+                                     stored_segments)
+
 # What a sample is built from: the token columns and the stored placement.
 CALL_COLUMNS = ["call_id", "session_id", "seq", "t_start", "prompt_token_ids", "completion_token_ids",
-                "completion_logprobs", "segment_index", "segment_reason", "continues_call", "malformed_tool_calls"]
+                "completion_logprobs", "segment_index", "segment_reason", "parent_segment", "parent_position",
+                "continues_call", "malformed_tool_calls"]
 
 
 @dataclass
 class Segment:
+    """One training sample of a rollout: a stored segment's calls (or one call) as veRL's ids and masks."""
+
     index: int
     reason: str
     prompt_ids: list[int]
@@ -36,17 +43,7 @@ class Segment:
     response_logprobs: list[float] = field(default_factory=list)
     calls: int = 0
     position: int | None = None  # per-call samples: the call's place in its segment
-
-    def add(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float] | None) -> None:
-        held = len(self.prompt_ids) + len(self.response_ids)
-        if len(prompt_ids) < held:
-            raise RuntimeError(f"segment {self.index}: a call's prompt is shorter than the ids before it; "
-                               "the stored segment contradicts its token ids")
-        gap = prompt_ids[held:]
-        self.response_ids += gap + completion_ids
-        self.response_mask += [0] * len(gap) + [1] * len(completion_ids)
-        self.response_logprobs += [0.0] * len(gap) + list(logprobs or [0.0] * len(completion_ids))
-        self.calls += 1
+    last_call: str = ""  # the id of its last call
 
     @property
     def model_tokens(self) -> int:
@@ -54,14 +51,13 @@ class Segment:
 
     def sample_id(self, session: str) -> str:
         """The id `forge-convert` gives the same sample (`session:segment`, per call `session:segment/k`)."""
-        return f"{session}:{self.index}" + ("" if self.position is None else f"/{self.position}")
+        return segment_id(session, self.index, self.position)
 
 
 def served_calls(calls: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The placed calls that carry token ids, in the order they were made."""
-    kept = [c for c in calls if c.get("prompt_token_ids") and c.get("completion_token_ids")
-            and c.get("segment_index") is not None]
-    return sorted(kept, key=lambda c: (c["t_start"], c.get("seq") or 0, c["call_id"]))
+    kept = [c for c in calls if placed(c) and engine_ids(c) is not None]
+    return sorted(kept, key=recorded_order)
 
 
 def _ids(call: Mapping[str, Any]) -> tuple[list[int], list[int], list[float] | None]:
@@ -72,33 +68,52 @@ def _ids(call: Mapping[str, Any]) -> tuple[list[int], list[int], list[float] | N
     return prompt, completion, logprobs
 
 
+def _sample(calls: list[Mapping[str, Any]], position: int | None = None) -> Segment:
+    """One sample of calls of one segment: the first prompt, then per call the new context and the completion."""
+    first = calls[0]
+    index = first["segment_index"]
+    ids = [_ids(call) for call in calls]
+    joined = joined_ids(((c["call_id"], p, q) for c, (p, q, _) in zip(calls, ids)),
+                        segment_id(first["session_id"], index))
+    sample = Segment(index, first["segment_reason"], prompt_ids=[], position=position, calls=len(calls),
+                     last_call=calls[-1]["call_id"])
+    for k, ((context, completion), (_, _, logprobs)) in enumerate(zip(joined, ids)):
+        if k == 0:
+            sample.prompt_ids = context
+        else:
+            sample.response_ids += context
+            sample.response_mask += [0] * len(context)
+            sample.response_logprobs += [0.0] * len(context)
+        sample.response_ids += completion
+        sample.response_mask += [1] * len(completion)
+        sample.response_logprobs += list(logprobs if logprobs is not None else [0.0] * len(completion))
+    return sample
+
+
+def _graded_last(samples: list[Segment], calls: Iterable[Mapping[str, Any]]) -> list[Segment]:
+    """`samples` with the one holding the call grading read moved to the end."""
+    graded = main_thread(calls)
+    held = [s for s in samples if graded is not None and s.last_call == graded["call_id"]]
+    return [s for s in samples if s not in held] + held
+
+
 def per_call(calls: Iterable[Mapping[str, Any]]) -> list[Segment]:
-    """One sample per served call, in call order: its prompt, then its completion."""
-    out = []
+    """One sample per served call, in call order, the graded call's last: its prompt, then its completion."""
+    calls = list(calls)
     positions: dict[int, int] = {}
+    out = []
     for call in served_calls(calls):
-        prompt, completion, logprobs = _ids(call)
         index = call["segment_index"]
-        sample = Segment(index, call["segment_reason"], prompt_ids=prompt, position=positions.get(index, 0))
-        positions[index] = sample.position + 1
-        sample.add(prompt, completion, logprobs)
-        out.append(sample)
-    return out
+        positions[index] = positions.get(index, -1) + 1
+        out.append(_sample([call], positions[index]))
+    return _graded_last(out, calls)
 
 
 def segments(calls: Iterable[Mapping[str, Any]]) -> list[Segment]:
-    """The rollout's stored segments as token samples, in order of their last call (the last holds the
-    rollout's final call)."""
-    by_index: dict[int, Segment] = {}
-    order: list[int] = []
-    for call in served_calls(calls):
-        prompt, completion, logprobs = _ids(call)
-        index = call["segment_index"]
-        seg = by_index.get(index)
-        if seg is None:
-            seg = by_index[index] = Segment(index, call["segment_reason"], prompt_ids=prompt)
-        seg.add(prompt, completion, logprobs)  # a new segment's gap is empty
-        if index in order:
-            order.remove(index)
-        order.append(index)
-    return [by_index[i] for i in order]
+    """The rollout's stored segments as token samples, in order of their last call, the main thread's last
+    (it holds the call grading read)."""
+    calls = list(calls)
+    served = served_calls(calls)
+    order = {c["call_id"]: n for n, c in enumerate(served)}
+    found = sorted((_sample(seg.calls) for seg in stored_segments(served)), key=lambda s: order[s.last_call])
+    return _graded_last(found, calls)

@@ -7,6 +7,10 @@ keyset on the chosen sort key, so opening a page of a 1M-call dataset reads
 pushes into the Parquet scans (row groups hold runs of sessions). One
 connection serves every request under a lock: the views' lookup tables are
 registered on that connection only.
+
+A call's page leads with what the call adds: `call` says how many of its
+input messages repeat an earlier call's conversation (`repeated_history`),
+so the page folds them.
 """
 
 from __future__ import annotations
@@ -15,15 +19,17 @@ import base64
 import json
 import os
 import threading
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 import duckdb
 
+from forgerl.errors import UserError
 from forgerl.recorder.images import fill_images, image_size, restore_request
 from forgerl.schema import duck
-from forgerl.schema.records import call_messages, decompress
-from forgerl.schema.segments import succeeded
+from forgerl.schema.records import MessageMemo, call_forms, call_messages, decompress
+from forgerl.schema.segments import message_key, stored_segments, succeeded
 
 from ..views import register
 
@@ -31,7 +37,7 @@ SORTS = {"time": "time_key", "cost": "cost_key", "reward": "reward_key"}
 FILTERS = ("harness", "model", "task", "outcome", "policy_version")
 PAGE = 50
 # The views these queries read, with the views they read (binding every view costs seconds on a big dataset).
-VIEWS_READ = frozenset({"session_info", "session_costs", "call_costs", "tool_results"})
+VIEWS_READ = frozenset({"session_info", "session_costs", "call_costs", "turns", "tool_calls", "tool_results"})
 _FACET_LIMIT = 500
 INLINE_BASE64 = 4096  # a raw request shows an image's base64 up to this many characters, else the image's size
 
@@ -64,17 +70,42 @@ CALL_COLUMNS = ("call_id", "seq", "api", "status", "error", "complete", "streame
                 "cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "policy_version", "segment_index",
                 "segment_reason", "parent_segment", "parent_position", "continues_call", "tools_absent")
 _CALLS_SQL = f"""
-SELECT {', '.join(CALL_COLUMNS)}, len(input_roles) AS input_messages, len(output_roles) AS output_messages,
-       cost_usd, unpriced
+SELECT {', '.join(CALL_COLUMNS)}, cost_usd, unpriced
 FROM call_costs WHERE session_id = $sid ORDER BY t_start, seq, call_id
 """
-_CALL_DETAIL = ("session_id", "input_refs", "input_msg", "input_roles", "input_extra", "output_refs", "output_msg",
-                "output_roles", "output_extra", "request_params", "tools", "request_headers", "response_headers",
-                "method", "path", "upstream")
+_CONVERSATION = ("call_id", "input_refs", "input_msg", "input_roles", "input_extra", "output_refs", "output_msg",
+                 "output_roles", "output_extra")
+_CALL_DETAIL = ("session_id", "t_start", "seq", "segment_index", "continues_call", *_CONVERSATION, "request_params",
+                "tools", "request_headers", "response_headers", "method", "path", "upstream")
+# The conversation of each segment's latest call before a given call (a segment's later calls extend its
+# earlier ones, so its latest holds every prefix the segment can share), or of the call the given one continues.
+_EARLIER_SQL = f"""
+SELECT {', '.join(_CONVERSATION)} FROM calls
+WHERE session_id = $sid AND segment_index IS NOT NULL AND call_id <> $cid
+  AND (CASE WHEN $continues IS NULL
+            THEN t_start < $t OR (t_start = $t AND (seq < $seq OR (seq = $seq AND call_id < $cid)))
+            ELSE call_id = $continues END)
+QUALIFY row_number() OVER (PARTITION BY segment_index ORDER BY t_start DESC, seq DESC, call_id DESC) = 1
+"""
+# The session's tool calls in the order the model made them (turn, then position in the output), each with
+# whether its result failed (`tool_results.failed`; NULL: no result came back) and a short target: a shell
+# call's command line, else the file it names, else the view's target (a pattern, URL or the tool's name).
+_TOOL_CALLS_SQL = """
+SELECT tc.call_id, tc.tool_call_id, tc.tool_name, tc.via, tc.kind,
+       left(CASE WHEN tc.kind = 'shell' THEN coalesce(tc.command_line, tc.target)
+                 ELSE coalesce(tc.path, tc.target) END, 300) AS target,
+       tc.check_kind, tc.writes_file, tr.failed, tr.exit_code
+FROM tool_calls tc LEFT JOIN tool_results tr USING (session_id, call_key)
+WHERE tc.session_id = $sid ORDER BY tc.step
+"""
 
 
 class NotFound(LookupError):
     """No such session, call or blob: the server answers 404."""
+
+
+class BadRequest(UserError):
+    """A request parameter the viewer cannot read (a sort, a number, a page cursor): the server answers 400."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -97,9 +128,35 @@ def encode_cursor(key: Any, session_id: str) -> str:
 def decode_cursor(text: str) -> tuple[Any, str]:
     try:
         key, session_id = json.loads(base64.urlsafe_b64decode(text.encode()))
-    except (ValueError, TypeError):
-        raise ValueError(f"bad page cursor {text!r}") from None
-    return key, str(session_id)
+    except (ValueError, TypeError):  # not base64, not JSON or not a pair: the cursor was not one we wrote
+        raise BadRequest(f"bad page cursor {text!r}") from None
+    if isinstance(key, bool) or not isinstance(key, (int, float)) or not isinstance(session_id, str):
+        raise BadRequest(f"bad page cursor {text!r}")  # every sort key is a number
+    return key, session_id
+
+
+def group_segments(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored thread segments of a session's calls (in call order), by index: each with its reason, the
+    segment it came from and its calls' ids. Calls that hold no model turn have no segment and are left out."""
+    return [{"index": s.index, "reason": s.reason, "parent": s.parent, "parent_position": s.parent_position,
+             "calls": [c["call_id"] for c in s.calls]} for s in stored_segments(calls)]
+
+
+def repeated_history(inputs: Sequence[tuple], earlier: Sequence[tuple[str, Sequence[tuple]]],
+                     key: Callable[[tuple], str]) -> tuple[int, str | None]:
+    """How many leading input messages (stored forms) repeat an earlier call's conversation (its input, then
+    its output), and which call's: the longest such prefix. Forms are compared as stored, then by `key`
+    (a harness may drop earlier reasoning or move cache hints when it resends history)."""
+    best, best_call = 0, None
+    for call_id, conversation in earlier:
+        n = 0
+        for mine, theirs in zip(inputs, conversation):
+            if mine != theirs and key(mine) != key(theirs):
+                break
+            n += 1
+        if n > best:
+            best, best_call = n, call_id
+    return best, best_call
 
 
 def _as_sent(stored: bytes, blobs: dict[str, tuple[bytes, str | None]]) -> bytes | None:
@@ -144,7 +201,7 @@ class Dataset:
                  after: str | None = None, limit: int = PAGE) -> dict[str, Any]:
         """One page of the sessions list, filtered and sorted; `next` is the cursor of the page after it."""
         if sort not in SORTS:
-            raise ValueError(f"unknown sort {sort!r}; choose one of: {', '.join(SORTS)}")
+            raise BadRequest(f"unknown sort {sort!r}; choose one of: {', '.join(SORTS)}")
         key = SORTS[sort]
         where, params = ["TRUE"], {}
         for name in FILTERS:
@@ -182,20 +239,13 @@ class Dataset:
         if not info:
             raise NotFound(f"no session {session_id!r}")
         calls = self._query(_CALLS_SQL, {"sid": session_id})
-        segments: dict[int, dict[str, Any]] = {}
         for n, call in enumerate(calls, 1):
             call["turn"] = n
             call["ok"] = succeeded(call)
-            index = call["segment_index"]
-            if index is not None and index not in segments:
-                segments[index] = {"index": index, "reason": call["segment_reason"], "parent": call["parent_segment"],
-                                   "parent_position": call["parent_position"], "calls": []}
-            if index is not None:
-                segments[index]["calls"].append(call["call_id"])
         outcome = self._query("SELECT * EXCLUDE (writer_id) FROM outcomes WHERE session_id = $sid "
                               "ORDER BY attempt DESC NULLS LAST, t_end DESC NULLS LAST LIMIT 1", {"sid": session_id})
         return {"session": info[0], "outcome": outcome[0] if outcome else None, "calls": calls,
-                "segments": [segments[i] for i in sorted(segments)]}
+                "segments": group_segments(calls), "tool_calls": self._query(_TOOL_CALLS_SQL, {"sid": session_id})}
 
     def _call_row(self, call_id: str, session_id: str | None, columns: tuple[str, ...]) -> dict[str, Any]:
         """A call's columns; with its session id the scan skips the row groups of other sessions."""
@@ -211,18 +261,31 @@ class Dataset:
         return dict(zip(names, row))
 
     def call(self, call_id: str, session_id: str | None = None) -> dict[str, Any]:
-        """One call's messages (input and output, rebuilt from the session's parts), tools, params, headers, and
-        which of its tool results failed (the analysis definition, `tool_results.failed`)."""
+        """One call's messages (input and output, rebuilt from the session's parts), how many of its input
+        messages repeat an earlier call's conversation (`repeated`, from call `repeats`), tools, params,
+        headers, and which of its tool results failed (the analysis definition, `tool_results.failed`)."""
         row = self._call_row(call_id, session_id, _CALL_DETAIL)
         sid = row["session_id"]
-        refs = sorted({*row["input_refs"], *row["output_refs"]})
+        earlier = self._query(_EARLIER_SQL, {"sid": sid, "cid": call_id, "t": row["t_start"], "seq": row["seq"],
+                                             "continues": row["continues_call"]})
+        refs = sorted({*row["input_refs"], *row["output_refs"],
+                       *(ref for e in earlier for ref in (*e["input_refs"], *e["output_refs"]))})
         parts = {r["part_hash"]: r["part"] for r in self._query(
             "SELECT part_hash, any_value(part) AS part FROM messages WHERE session_id = $sid "
             "AND list_contains($refs, part_hash) GROUP BY 1", {"sid": sid, "refs": refs})}
         failed = {r["tool_call_id"]: r for r in self._query(
             "SELECT tool_call_id, failed, exit_code FROM tool_results WHERE session_id = $sid", {"sid": sid})}
-        messages = {d: [m.to_dict() for m in call_messages(row, parts, d)] for d in ("input", "output")}
-        return {"call_id": call_id, "session_id": sid, **messages,
+        memo, keys = MessageMemo(), {}
+
+        def key(form: tuple) -> str:
+            if form not in keys:
+                keys[form] = message_key(memo.message(form, parts))
+            return keys[form]
+
+        conversations = [(e["call_id"], call_forms(e, "input") + call_forms(e, "output")) for e in earlier]
+        repeated, repeats = repeated_history(call_forms(row, "input"), conversations, key)
+        messages = {d: [m.to_dict() for m in call_messages(row, parts, d, memo)] for d in ("input", "output")}
+        return {"call_id": call_id, "session_id": sid, **messages, "repeated": repeated, "repeats": repeats,
                 "tools": json.loads(row["tools"]) if row["tools"] else [],
                 "request_params": json.loads(row["request_params"]) if row["request_params"] else None,
                 "request_headers": json.loads(row["request_headers"]) if row["request_headers"] else None,

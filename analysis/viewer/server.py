@@ -2,10 +2,12 @@
 
 The page (`static/`) is plain HTML, CSS and JavaScript shipped with the
 package; it asks the JSON endpoints below for what it shows. Nothing here
-writes to the dataset. Unknown ids answer 404, malformed parameters 400;
-anything else is a bug and is logged with its traceback (500).
+writes to the dataset. Unknown ids answer 404; bad input, and only that (a
+`UserError`: a malformed parameter is a `BadRequest`, an unknown report group
+the report's own error), 400; anything else is a bug, logged with its
+traceback where the viewer was started, and answered 500.
 
-    GET /                       the app          GET /api/session?id=S           one session: calls, segments
+    GET /                       the app          GET /api/session?id=S           a session: calls, segments, tool calls
     GET /api/facets             filter values    GET /api/call?id=C[&session=S]  one call's messages, tools
     GET /api/sessions?...       a page of the    GET /api/raw?id=C[&session=S]   its raw request and response
                                 sessions list    GET /api/blob?session=S&hash=H   an image
@@ -31,7 +33,7 @@ from forgerl.errors import UserError
 
 from .. import connect
 from ..report import build, to_html
-from .queries import FILTERS, PAGE, Dataset, NotFound
+from .queries import FILTERS, PAGE, BadRequest, Dataset, NotFound
 from .tokens import token_view
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
@@ -55,17 +57,28 @@ class Viewer:
         self.data = Dataset(root, threads=threads)
 
     def one(self, q: dict[str, str], name: str) -> str:
+        """A required parameter's value."""
         if not q.get(name):
-            raise ValueError(f"missing parameter {name!r}")
+            raise BadRequest(f"missing parameter {name!r}")
         return q[name]
+
+    def number(self, q: dict[str, str], name: str, default: int | None = None) -> int:
+        """A whole-number parameter (required when there is no default)."""
+        text = q.get(name) or (None if default is None else str(default))
+        if text is None:
+            raise BadRequest(f"missing parameter {name!r}")
+        try:
+            return int(text)
+        except ValueError:  # the parameter's text only: nothing else runs in this block
+            raise BadRequest(f"parameter {name!r} must be a whole number, got {text!r}") from None
 
     def api(self, path: str, q: dict[str, str]) -> Any:
         if path == "/api/facets":
             return self.data.facets()
         if path == "/api/sessions":
-            limit = int(q.get("limit", PAGE))
+            limit = self.number(q, "limit", PAGE)
             if not 1 <= limit <= 1000:
-                raise ValueError(f"limit must be 1..1000, got {limit}")
+                raise BadRequest(f"limit must be 1..1000, got {limit}")
             return self.data.sessions({k: q[k] for k in (*FILTERS, "label", "q") if q.get(k)},
                                       q.get("sort", "time"), q.get("dir", "desc") != "asc", q.get("after"), limit)
         if path == "/api/session":
@@ -76,14 +89,12 @@ class Viewer:
             return self.data.raw(self.one(q, "id"), q.get("session"))
         if path == "/api/tokens":
             with self.data.lock:
-                return token_view(self.data.con, self.one(q, "session"), int(self.one(q, "segment")), self.renderer)
+                return token_view(self.data.con, self.one(q, "session"), self.number(q, "segment"), self.renderer)
         raise NotFound(f"no endpoint {path}")
 
     def report(self, by: str) -> str:
-        try:
-            report = build(connect(self.root, threads=self.threads, materialize=True), by)
-        except UserError as e:  # an unknown group column: the request's fault, not the dataset's
-            raise ValueError(str(e)) from None
+        """The HTML report grouped by `by` (an unknown group column: its `UserError`, a 400)."""
+        report = build(connect(self.root, threads=self.threads, materialize=True), by)
         return to_html(report, f"forgerl behaviour report: {self.root.resolve().name}", viewer="/")
 
 
@@ -114,7 +125,7 @@ def _handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
                 self._route(url.path, q)
             except NotFound as e:
                 self._json(HTTPStatus.NOT_FOUND, {"error": str(e)})
-            except ValueError as e:
+            except UserError as e:  # bad input only: a ValueError from our own code is a bug (below)
                 self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
             except (BrokenPipeError, ConnectionResetError):
                 pass

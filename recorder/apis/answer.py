@@ -1,10 +1,12 @@
 """One model turn as every codec writes it: the canonical answer, and the frames its streams are made of.
 
-Serve mode answers a harness with a policy's turn, and the tests' scripted
-upstream answers with a script's. Both build an `Answer` and let the codec of
-the harness's API write it (`render_response`, `render_stream`), so there is
-one writer per API and it is the inverse of that codec's reader: parsing what
-a codec rendered gives back the answer (tests/test_codec_render.py).
+Serve mode answers a harness with a policy's turn, and the scripted upstream
+(`examples/scripted_upstream.py`) answers with a script's. Both build an
+`Answer` and let the codec of the harness's API write it (`render_response`;
+a stream through the codec's `StreamWriter`, which serve mode tells the turn
+as it is generated and `render_stream` replays whole), so there is one writer
+per API and it is the inverse of that codec's reader: parsing what a codec
+rendered gives back the answer (tests/test_codec_render.py).
 
 Streams are `Frame`s rather than bytes: a frame is sent as one SSE event or,
 on the Responses WebSocket, as one text message (its JSON data), and frames

@@ -382,7 +382,7 @@ class AnthropicStream(StreamState):
             return None
         try:
             return json.loads(text)
-        except ValueError:
+        except json.JSONDecodeError:
             return None
 
     def result(self) -> dict[str, Any]:

@@ -17,6 +17,12 @@ every codec follows the same rules:
    store's deduplication key) therefore do not change when Claude Code moves
    its cache breakpoint to the newest message.
 
+Errors. A codec never raises on a JSON object, whatever its shape (rule 1),
+nor an assembler on any frame: what the upstream sent wrong is noted as the
+call's error (`StreamState.note_error`, `error_of`). So the recorder takes a
+codec that raises for a bug in forgerl, not bad input (`capture.CodecBug`):
+the call fails its rollout's flush barrier instead of being stored quietly.
+
 Streams. `StreamState` holds the flags every assembler exposes and reads
 frames tolerantly; `Fragments` joins streamed text once, not per delta
 (`+=` on a growing string is quadratic); `ChoiceStream` is the `choices`-keyed
@@ -304,7 +310,7 @@ class StreamState:
         self._frames += 1
         try:
             data = json.loads(event.data)
-        except ValueError:
+        except json.JSONDecodeError:
             data = None
         if not isinstance(data, dict):
             self.note_error(f"malformed SSE frame #{self._frames}: not a JSON object")

@@ -162,7 +162,7 @@ class GeminiWriter:
         return self._send({"text": piece}, True) if piece else []
 
     def tool_call(self, call_id: str, call: ToolCall, pieces: Pieces) -> list[Frame]:
-        return self._send({"functionCall": {"id": call_id, "name": call.name, "args": call.arguments}}, True)
+        return self._send({"functionCall": _function_call(call_id, call)}, True)
 
     def finish(self, answer: Answer) -> list[Frame]:
         whole = CODEC.render_response(answer, self.request)
@@ -215,9 +215,13 @@ def _answer_parts(answer: Answer) -> list[dict[str, Any]]:
         parts.append(block(None, text=turn.reasoning, thought=True, thoughtSignature=answer.signature))
     if turn.text:
         parts.append({"text": turn.text})
-    parts.extend({"functionCall": {"id": call_id, "name": call.name, "args": call.arguments}}
-                 for call_id, call in answer.calls())
+    parts.extend({"functionCall": _function_call(call_id, call)} for call_id, call in answer.calls())
     return parts
+
+
+def _function_call(call_id: str, call: ToolCall) -> dict[str, Any]:
+    """A call as the API writes it; an empty id is left out (the Gemini API names no call)."""
+    return block(None, id=call_id or None, name=call.name, args=call.arguments)
 
 
 def _usage(usage: Any) -> Usage | None:

@@ -1,10 +1,13 @@
 """ClawEval tasks (`tasks/<id>/task.yaml` + `grader.py` + `fixtures/`, with `mock_services/` beside `tasks/`).
 
 A task is loaded with ClawEval's own `TaskDefinition` (the `claw_eval`
-package, installed from the benchmark folder). A rollout of it
+package, installed from the benchmark folder): a key its models do not define
+(which they would drop silently) or a value of the wrong type is refused,
+naming the file and the key, and its `grader.py` is compiled. A rollout of it
 
 * copies its `sandbox_files` into the workspace at the same relative paths
-  (where ClawEval's sandbox puts them, under `/workspace`);
+  (where ClawEval's sandbox puts them, under `/workspace`), each found as
+  ClawEval finds it: in the task's folder, else in the benchmark folder;
 * starts its `services` (the FastAPI mock services, run from the benchmark
   folder) in the rollout's own network namespace (`runners/services.py`),
   waits on each health check (at least `MIN_READY_S`: a busy machine is not
@@ -41,23 +44,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
+import yaml
+
+from forgerl.harnesses import McpServer
+
 from ..forkserver import ForkError, fork_call
 from ..grading import GRADER_TIMEOUT_S, NOT_GRADED, GradeInput, GradingError, Reward
-from ..harnesses.base import McpServer
 from ..services import Service
 from ..simulated_user import Persona
 from ..tasks import Task, TaskError, WorkspaceFile
+from .spec import checked, compile_grader, refuse_unknown_keys
 
 if TYPE_CHECKING:
     from claw_eval.models.task import ServiceDef, TaskDefinition
 
+READS = "ClawEval tasks/*/task.yaml"
 TASK_FILE = "task.yaml"
 INSTALL_HINT = "pip install a copy of the ClawEval folder (`make test` installs ../shared/benchmarks/claweval)"
 MIN_READY_S = 30.0
 JUDGED_GRADE_TIMEOUT_S = 900  # a grader may ask the judge a dozen times
 LIVE_WEB = "mock_services/web_real"
 DIMENSIONS = ("completion", "robustness", "communication", "safety")
-NOT_JUDGED = "judge_calls_not_graded"  # score key: judge calls answered 0 because no --judge was given
+NOT_JUDGED = "judge_calls_not_graded"
+# Keys ClawEval's own tasks carry that its models drop (T035zh, T068zh, ...): read by nothing, refused nowhere.
+DROPPED_BY_CLAWEVAL = frozenset({"safety_checks[].field", "safety_checks[].value", "environment.sandbox_tools"})  # score key: judge calls answered 0 because no --judge was given
 
 
 @dataclass(frozen=True)
@@ -155,14 +165,14 @@ def _service(svc: ServiceDef, root: Path, where: Path) -> Service:
                    state_paths=(audit,) if audit else ())
 
 
-def _unavailable(definition: TaskDefinition, files: tuple[WorkspaceFile, ...]) -> str:
+def _unavailable(definition: TaskDefinition, files: tuple[WorkspaceFile, ...], task_dir: Path) -> str:
     """Why this task cannot run here ("" if it can)."""
     web = [s.name for s in definition.services if LIVE_WEB in s.command]
     if web:
         return f"needs the live web (service {', '.join(web)} runs {LIVE_WEB}*), which rollouts cannot reach"
     missing = [str(f.dest) for f in files if not f.source.exists()]
     if missing:
-        return f"fixtures missing from this copy of ClawEval: {', '.join(missing)}"
+        return f"fixtures missing from this copy of ClawEval (expected in {task_dir}): {', '.join(missing)}"
     if definition.env_snapshot_files or definition.env_snapshot_commands:
         return "its grader reads a sandbox snapshot (env_snapshot_files/commands), which forge-run does not take"
     if definition.user_agent.enabled and definition.services:
@@ -180,22 +190,44 @@ def _persona(definition: TaskDefinition) -> tuple[str, Persona | None]:
     return (f"{prompt}\n\n{suffix}" if suffix else prompt), Persona(config.persona, config.max_rounds, prompt)
 
 
-def load_one(task_file: Path) -> ClawEvalTask:
+def _definition(task_file: Path) -> TaskDefinition:
+    """The task file read as ClawEval's `TaskDefinition.from_yaml` reads it, with no key its models do not define
+    (pydantic would drop it silently) and every value of the type they declare."""
     definition_class = _task_definition_class()
     try:
-        definition = definition_class.from_yaml(task_file)
-    except Exception as e:  # noqa: BLE001 - yaml and pydantic errors alike: a task file the user must fix
-        raise TaskError(f"{task_file}: {str(e).splitlines()[0]}") from None
+        data = yaml.safe_load(task_file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise TaskError(f"{task_file}: not YAML: {e}".splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise TaskError(f"{task_file}: expected a mapping of keys, got {type(data).__name__}")
+    refuse_unknown_keys(definition_class, data, task_file, DROPPED_BY_CLAWEVAL)
+    return checked(definition_class, {**data, "task_file": str(task_file.resolve())}, task_file)
+
+
+def _fixture(rel: str, task_dir: Path, root: Path) -> WorkspaceFile:
+    """A `sandbox_files` entry where ClawEval's sandbox finds it (`SandboxRunner._inject_file_list`): beside the
+    task's own files, else relative to the benchmark folder (tasks sharing another task's fixtures); it lands at
+    the same relative path in the workspace."""
+    source = task_dir / rel
+    return WorkspaceFile(source if source.exists() or not (root / rel).exists() else root / rel, rel)
+
+
+def load_one(task_file: Path) -> ClawEvalTask:
+    definition = _definition(task_file)
     task_dir = task_file.parent.resolve()
     root = _benchmark_root(task_dir)
-    files = tuple(WorkspaceFile(task_dir / rel, rel) for rel in definition.sandbox_files)
+    grader = task_dir / "grader.py"
+    if grader.is_file():
+        compile_grader(grader.read_text(encoding="utf-8"), grader)
+    files = tuple(_fixture(rel, task_dir, root) for rel in definition.sandbox_files)
     mcp = McpServer("claweval", (sys.executable, "-m", "forgerl.runners.kinds.claweval_mcp", str(task_file.resolve())))
     prompt, persona = _persona(definition)
     return ClawEvalTask(id=definition.task_id, prompt=prompt, grader="", path=task_file.resolve(),
                         files=files, timeout_s=float(definition.environment.timeout_seconds),
                         services=tuple(_service(s, root, task_file) for s in definition.services),
-                        mcp_servers=(mcp,) if definition.tools else (), unavailable=_unavailable(definition, files),
-                        persona=persona, definition=definition, root=root)
+                        mcp_servers=(mcp,) if definition.tools else (),
+                        unavailable=_unavailable(definition, files, task_dir), persona=persona,
+                        definition=definition, root=root)
 
 
 def load(path: Path) -> list[Task]:

@@ -4,7 +4,7 @@ ClawEval's own loop talks to the model in Anthropic-style messages and calls
 each tool over HTTP itself (`claw_eval.runner.dispatcher`), logging one
 `ToolDispatch` per call. Here the harness called the tools through our MCP
 server (`claweval_mcp.py`), so both come from the recording: the canonical
-messages of the rollout's last model call (`GradeInput.messages`), with
+messages of the main thread's last call (`GradeInput.messages`), with
 
 * harness-made MCP tool names mapped back to the task's (`mcp__claweval__x`,
   `claweval__x`, `claweval_x`, `claweval.x` → `x`);

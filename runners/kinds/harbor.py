@@ -8,16 +8,20 @@
       tests/test.sh        the verifier: writes /logs/verifier/reward.txt (a number) or reward.json ({name: number})
       solution/solve.sh    optional reference solution
 
-    [[forgerl.services]]   forgerl's extension (Harbor ignores tables it does not know): a process the agent and
+    [[forgerl.services]]   forgerl's extension (a table Harbor does not define): a process the agent and
     name = "tally"         the verifier reach on a fixed loopback port, run from the task folder (`python3` is the
     command = ["python3", "services/tally.py", "--port", "9301"]     runner's interpreter); optional
     port = 9301            health_path (default "/"), reset_path, state_paths (read into the outcome at the end)
     health_path = "/health"
 
-`task.toml` is read with `tomllib` and its fields mean what they mean in
-Harbor (`harbor.models.task.config`; Harbor itself needs Python >= 3.12 and
-pulls in litellm and supabase, so it is not a dependency): an unset agent
-timeout is forgerl's default, the verifier's is 600 s, memory 2048 MiB.
+`task.toml` is checked against the fields of Harbor's own `TaskConfig`
+(`harbor.models.task.config`, mirrored in `TaskConfig` here: Harbor itself
+needs Python >= 3.12 and pulls in litellm and supabase, so it is not a
+dependency), with Harbor's coercions, plus `[forgerl]`; a key Harbor does
+not define is refused, naming it. Its fields mean what they mean in Harbor:
+an unset agent timeout is forgerl's default, the verifier's is 600 s, memory
+2048 MiB; the fields forgerl does not act on (storage, gpus, healthcheck,
+network_mode, ...) are accepted and not used.
 
 The agent runs, then `bash /tests/test.sh` in the same jail with the
 verifier's own timeout (`runners/verifier.py`, which also says why the agent
@@ -52,12 +56,17 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..grading import GradeInput, GradingError, Reward
 from ..services import Service
 from ..tasks import DEFAULT_TIMEOUT_S, Task, TaskError, WorkspaceFile
 from ..verifier import LOGS_VERIFIER, TESTS, Layout, VerifierStage
+from .spec import Spec, Text, checked
 
+READS = "Harbor task folders (task.toml + instruction.md)"
 DEFAULT_WORKDIR = "/app"
 VERIFIER_TIMEOUT_S = 600.0  # Harbor's VerifierConfig default
 MEMORY_MB = 2048  # Harbor's EnvironmentConfig default
@@ -132,55 +141,151 @@ class HarborTask(Task):
                       *binds], verifier=stage, env=self.env, notes=notes, writable=[str(rollout_dir)])
 
 
-def _table(spec: dict, name: str, where: Path) -> dict:
-    value = spec.get(name, {})
-    if not isinstance(value, dict):
-        raise TaskError(f"{where}: [{name}] must be a table")
-    return value
+class Lenient(BaseModel):
+    """A table of Harbor's `TaskConfig`: its own (lax) coercions, but no key Harbor does not define."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
-def _services(spec: dict, task_dir: Path, where: Path) -> tuple[Service, ...]:
-    """The `[[forgerl.services]]` tables: processes run from the task folder on fixed loopback ports."""
-    raw = _table(spec, "forgerl", where).get("services", [])
-    services = []
-    try:
-        for table in raw:
-            argv = [str(a) for a in table["command"]]
-            if argv[0] in ("python", "python3"):
-                argv[0] = sys.executable
-            services.append(Service(str(table["name"]), tuple(argv), int(table["port"]),
-                                    cwd=str(task_dir.resolve()),
-                                    health_path=str(table.get("health_path", "/")),
-                                    reset_path=str(table.get("reset_path", "")),
-                                    state_paths=tuple(str(p) for p in table.get("state_paths", ()))))
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
-        raise TaskError(f"{where}: [[forgerl.services]] needs name, command (a list) and port "
-                        f"({type(e).__name__}: {e})") from None
-    return tuple(services)
+NetworkMode = Literal["public", "no-network", "allowlist"]
 
 
-def _memory_mb(environment: dict, where: Path) -> int:
-    """`memory_mb`, or the deprecated `memory = "2G"` / "512M" Harbor still reads."""
-    if "memory_mb" in environment:
-        return int(environment["memory_mb"])
-    text = str(environment.get("memory", "")).strip().upper()
-    if not text:
-        return MEMORY_MB
+class Author(Lenient):
+    name: str
+    email: str | None = None
+
+
+class PackageInfo(Lenient):
+    name: str
+    description: str = ""
+    authors: list[Author] = []
+    keywords: list[str] = []
+
+
+class VerifierConfig(Lenient):
+    timeout_sec: float = VERIFIER_TIMEOUT_S
+    env: dict[str, str] = {}
+    user: str | int | None = None
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] = []
+
+
+class AgentConfig(Lenient):
+    timeout_sec: float | None = None
+    user: str | int | None = None
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] = []
+
+
+class HealthcheckConfig(Lenient):
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+
+class McpServerConfig(Lenient):
+    name: str
+    transport: str = "sse"
+    url: str | None = None
+    command: str | None = None
+    args: list[str] = []
+
+
+def size_mb(size: str) -> int:
+    """Harbor's deprecated sizes: "2G", "512M", "1024K" (ValueError: not one)."""
+    text = size.strip().upper()
     units = {"G": 1024, "M": 1, "K": 1 / 1024}
-    if text[-1] not in units:
-        raise TaskError(f"{where}: [environment] memory {text!r}: expected a size like '2G' or '512M'")
-    return int(float(text[:-1]) * units[text[-1]])
+    try:
+        return int(float(text[:-1]) * units[text[-1]])
+    except (KeyError, IndexError, ValueError):  # no unit, an unknown one, or float() of what is not a number
+        raise ValueError("a size like '2G' or '512M'") from None
+
+
+def _a_size(text: str) -> str:
+    size_mb(text)
+    return text
+
+
+Size = Annotated[str, AfterValidator(_a_size)]
+
+
+class EnvironmentConfig(Lenient):
+    build_timeout_sec: float = 600.0
+    docker_image: str | None = None
+    cpus: int = 1
+    memory_mb: int = MEMORY_MB
+    storage_mb: int = 10240
+    gpus: int = 0
+    gpu_types: list[str] | None = None
+    allow_internet: bool = True
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] = []
+    mcp_servers: list[McpServerConfig] = []
+    env: dict[str, str] = {}
+    skills_dir: str | None = None
+    healthcheck: HealthcheckConfig | None = None
+    memory: Size | None = None  # deprecated: "2G"; wins over memory_mb, as in Harbor
+    storage: Size | None = None  # deprecated: "10G"
+
+
+class SolutionConfig(Lenient):
+    env: dict[str, str] = {}
+
+
+class ServiceSpec(Spec):
+    """A `[[forgerl.services]]` table."""
+
+    name: Text
+    command: Annotated[list[str], Field(min_length=1)]
+    port: Annotated[int, Field(gt=0, lt=65536)]
+    health_path: str = "/"
+    reset_path: str = ""
+    state_paths: list[str] = []
+
+
+class ForgerlExtension(Spec):
+    services: list[ServiceSpec] = []
+
+
+class TaskConfig(Lenient):
+    """`task.toml` as Harbor's `harbor.models.task.config.TaskConfig` reads it, with forgerl's `[forgerl]` table."""
+
+    version: str = "1.0"  # Harbor renames it schema_version
+    schema_version: str = "1.1"
+    task: PackageInfo | None = None
+    metadata: dict[str, Any] = {}
+    verifier: VerifierConfig = VerifierConfig()
+    agent: AgentConfig = AgentConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
+    solution: SolutionConfig = SolutionConfig()
+    source: str | None = None
+    forgerl: ForgerlExtension = ForgerlExtension()
+
+
+def _services(config: TaskConfig, task_dir: Path) -> tuple[Service, ...]:
+    """The `[[forgerl.services]]` tables: processes run from the task folder on fixed loopback ports."""
+    services = []
+    for spec in config.forgerl.services:
+        argv = list(spec.command)
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        services.append(Service(spec.name, tuple(argv), spec.port, cwd=str(task_dir.resolve()),
+                                health_path=spec.health_path, reset_path=spec.reset_path,
+                                state_paths=tuple(spec.state_paths)))
+    return tuple(services)
 
 
 def load_task(task_dir: Path) -> HarborTask:
     """One Harbor task directory, faithfully: the fields Harbor reads, with Harbor's defaults."""
     where = task_dir / "task.toml"
     try:
-        spec = tomllib.loads(where.read_text(encoding="utf-8"))
+        config = checked(TaskConfig, tomllib.loads(where.read_text(encoding="utf-8")), where)
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{where}: {e}") from None
-    agent, verifier = _table(spec, "agent", where), _table(spec, "verifier", where)
-    environment = _table(spec, "environment", where)
+    environment = config.environment
     if not (task_dir / "tests" / "test.sh").is_file():
         raise TaskError(f"{task_dir}: no tests/test.sh (the verifier Harbor runs)")
     prompt = (task_dir / "instruction.md").read_text(encoding="utf-8").strip()
@@ -188,17 +293,16 @@ def load_task(task_dir: Path) -> HarborTask:
         raise TaskError(f"{task_dir}: instruction.md is empty")
     dockerfile = task_dir / "environment" / "Dockerfile"
     image = Dockerfile.read(dockerfile) if dockerfile.is_file() else Dockerfile()
-    if not dockerfile.is_file() and not environment.get("docker_image"):
+    if not dockerfile.is_file() and not environment.docker_image:
         raise TaskError(f"{task_dir}: neither environment/Dockerfile nor [environment] docker_image")
     return HarborTask(
         id=task_dir.name, prompt=prompt, grader="", path=task_dir, files=image.files(task_dir / "environment"),
-        timeout_s=float(agent.get("timeout_sec") or DEFAULT_TIMEOUT_S), weights={"verifier": 1.0},
-        grading_type="verifier", memory_mb=_memory_mb(environment, where),
-        verifier_timeout_s=float(verifier.get("timeout_sec", VERIFIER_TIMEOUT_S)),
-        verifier_env={str(k): str(v) for k, v in verifier.get("env", {}).items()},
-        docker_image=str(environment.get("docker_image") or ""), cpus=int(environment.get("cpus", 1)),
-        allow_internet=bool(environment.get("allow_internet", True)), workdir=image.workdir, env=image.env,
-        not_honoured=tuple(image.skipped), services=_services(spec, task_dir, where))
+        timeout_s=config.agent.timeout_sec or DEFAULT_TIMEOUT_S, weights={"verifier": 1.0},
+        grading_type="verifier", memory_mb=size_mb(environment.memory) if environment.memory else environment.memory_mb,
+        verifier_timeout_s=config.verifier.timeout_sec, verifier_env=dict(config.verifier.env),
+        docker_image=environment.docker_image or "", cpus=environment.cpus,
+        allow_internet=environment.allow_internet, workdir=image.workdir, env=image.env,
+        not_honoured=tuple(image.skipped), services=_services(config, task_dir))
 
 
 @dataclass

@@ -36,17 +36,20 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal
 
+from pydantic import Field, model_validator
+
+from forgerl.harnesses.browser import PLAYWRIGHT_MCP
 from forgerl.schema.messages import Message
 
 from ..grading import GradeInput, GradingError, grade_workspace
-from ..harnesses.browser import PLAYWRIGHT_MCP
 from ..services import Service
 from ..tasks import DEFAULT_TIMEOUT_S, Task, TaskError
+from .spec import Seconds, Spec, Text, checked
 
+READS = "a web benchmark (apps.toml + tasks/*.toml)"
 APPS_FILE = "apps.toml"
-TASK_TYPES = ("information", "transaction")
 CHECK_KINDS = ("answer_includes", "expect")
 GRADER = "from forgerl.runners.kinds.web_checks import grade\n"
 STATE_PATH = "/__forge/state"
@@ -129,6 +132,38 @@ def matches(path: Path) -> bool:
     return root is not None and (path.is_dir() or (path.suffix == ".toml" and path.parent == root / "tasks"))
 
 
+class AppSpec(Spec):
+    """An app of `apps.toml`."""
+
+    script: Text
+    port: Annotated[int, Field(gt=0, lt=65536)]
+
+
+class CheckSpec(Spec):
+    """A `[[checks]]` table: a name and one expression, `answer_includes` or `expect`."""
+
+    name: Text
+    answer_includes: str | None = None
+    expect: str | None = None
+
+    @model_validator(mode="after")
+    def _one_expression(self) -> CheckSpec:
+        if (self.answer_includes is None) == (self.expect is None):
+            raise ValueError(f"one of {' or '.join(CHECK_KINDS)}")
+        return self
+
+
+class WebTaskSpec(Spec):
+    """A web task file, `tasks/<id>.toml`."""
+
+    id: Text
+    type: Literal["information", "transaction"] = "information"
+    apps: Annotated[list[str], Field(min_length=1)]
+    prompt: Text
+    timeout_seconds: Seconds = DEFAULT_TIMEOUT_S
+    checks: Annotated[list[CheckSpec], Field(min_length=1)]
+
+
 def _toml(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
@@ -138,42 +173,36 @@ def _toml(path: Path) -> dict:
 
 def load_apps(root: Path) -> dict[str, WebApp]:
     apps = {}
-    for name, spec in _toml(root / APPS_FILE).items():
-        if not isinstance(spec, dict) or not isinstance(spec.get("port"), int) or not spec.get("script"):
-            raise TaskError(f"{root / APPS_FILE}: app {name!r} needs script and an integer port")
-        script = root / spec["script"]
+    where = root / APPS_FILE
+    for name, raw in _toml(where).items():
+        spec = checked(AppSpec, raw, where, at=(name,))
+        script = root / spec.script
         if not script.is_file():
-            raise TaskError(f"{root / APPS_FILE}: app {name!r}: no such script {script}")
-        apps[name] = WebApp(name, script.resolve(), spec["port"])
+            raise TaskError(f"{where}: app {name!r}: no such script {script}")
+        apps[name] = WebApp(name, script.resolve(), spec.port)
     return apps
 
 
-def _check(check: object, where: Path) -> dict:
-    kinds = [k for k in CHECK_KINDS if isinstance(check, dict) and k in check]
-    if not isinstance(check, dict) or not check.get("name") or len(kinds) != 1:
-        raise TaskError(f"{where}: each [[checks]] needs a name and one of {', '.join(CHECK_KINDS)}")
+def _check(check: CheckSpec, where: Path) -> dict:
+    """The check as the grading child takes it, its expression compiled now."""
+    kind = "answer_includes" if check.answer_includes is not None else "expect"
+    expression = getattr(check, kind)
     try:
-        compile(check[kinds[0]], str(where), "eval")
+        compile(expression, str(where), "eval")
     except SyntaxError as e:
-        raise TaskError(f"{where}: check {check['name']!r}: {e.msg}") from None
-    return {"name": str(check["name"]), kinds[0]: check[kinds[0]]}
+        raise TaskError(f"{where}: check {check.name!r}: {kind} does not compile: {e.msg}") from None
+    return {"name": check.name, kind: expression}
 
 
 def load_one(path: Path, apps: dict[str, WebApp]) -> WebTask:
-    spec = _toml(path)
-    if not spec.get("id") or not spec.get("prompt") or not spec.get("checks") or not spec.get("apps"):
-        raise TaskError(f"{path}: a web task needs id, prompt, apps and [[checks]]")
-    unknown = [a for a in spec["apps"] if a not in apps]
+    spec = checked(WebTaskSpec, _toml(path), path)
+    unknown = [a for a in spec.apps if a not in apps]
     if unknown:
         raise TaskError(f"{path}: unknown app(s) {', '.join(unknown)}; {APPS_FILE} has {', '.join(apps)}")
-    if spec.get("type", "information") not in TASK_TYPES:
-        raise TaskError(f"{path}: type must be one of {', '.join(TASK_TYPES)}")
-    chosen = tuple(apps[a] for a in spec["apps"])
-    return WebTask(id=str(spec["id"]), prompt=str(spec["prompt"]), grader=GRADER, path=path,
-                   timeout_s=float(spec.get("timeout_seconds", DEFAULT_TIMEOUT_S)),
+    chosen = tuple(apps[a] for a in spec.apps)
+    return WebTask(id=spec.id, prompt=spec.prompt, grader=GRADER, path=path, timeout_s=spec.timeout_seconds,
                    services=tuple(app.service() for app in chosen), mcp_servers=(PLAYWRIGHT_MCP,),
-                   apps=chosen, task_type=spec.get("type", "information"),
-                   checks=tuple(_check(c, path) for c in spec["checks"]))
+                   apps=chosen, task_type=spec.type, checks=tuple(_check(c, path) for c in spec.checks))
 
 
 def load(path: Path) -> list[Task]:

@@ -106,7 +106,7 @@ def typed_value(raw: str, schema: Mapping[str, Any] | None) -> tuple[bool, Any]:
         return True, _PYTHON_SPELLINGS[raw]
     try:
         return True, json.loads(raw)
-    except ValueError:
+    except json.JSONDecodeError:
         return False, None
 
 

@@ -16,7 +16,7 @@ class Hermes(ToolCallFormat):
     def read_call(self, body: str, schemas: Schemas) -> ToolCall | None:
         try:
             value = json.loads(body)
-        except ValueError:
+        except json.JSONDecodeError:
             return None
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return None
@@ -24,7 +24,7 @@ class Hermes(ToolCallFormat):
         if isinstance(arguments, str):  # some models emit the arguments as a JSON string
             try:
                 arguments = json.loads(arguments)
-            except ValueError:
+            except json.JSONDecodeError:
                 return None
         if not isinstance(arguments, dict):
             return None

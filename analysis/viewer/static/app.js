@@ -4,6 +4,7 @@
 
 const FILTERS = ["harness", "model", "task", "outcome", "policy_version", "label"];
 const OUTCOME_COLUMNS = ["runner", "attempt", "passed", "reward"]; // report groups the list cannot filter by
+const TAIL = 24; // characters of a long path a cell keeps
 const app = document.getElementById("app");
 
 function el(tag, attrs, ...children) {
@@ -33,6 +34,7 @@ const fmt = {
   usd: (v) => (v == null ? "-" : Number(v).toFixed(4)),
   num: (v) => (v == null ? "-" : Number(v).toFixed(2)),
   time: (v) => (v ? v.replace("T", " ").slice(0, 19) : "-"),
+  clock: (v) => (v ? v.slice(11, 19) : "-"),
   ms: (a, b) => (a && b ? `${Math.round(new Date(b) - new Date(a))} ms` : "-"),
 };
 
@@ -42,6 +44,19 @@ function badge(text) {
 
 function sessionHref(sid, rest) {
   return `#/session/${encodeURIComponent(sid)}${rest || ""}`;
+}
+
+function callHref(sid, callId) {
+  return sessionHref(sid, `/call/${encodeURIComponent(callId)}`);
+}
+
+// A cell that keeps to one line, cut with an ellipsis (`tail`: keep the end, where a path names its file); the
+// whole text is its tooltip.
+function clipped(text, cls, tail) {
+  const value = text == null || text === "" ? "-" : String(text);
+  const line = value.split("\n")[0];
+  return el("td", { class: `clip${cls ? ` ${cls}` : ""}`, title: value },
+    tail && line.length > TAIL ? `…${line.slice(line.length - TAIL + 1)}` : line);
 }
 
 // --- sessions list ---------------------------------------------------------------------------------
@@ -123,12 +138,12 @@ async function showSession(sid, callId, tokensSegment) {
   const byId = Object.fromEntries(data.calls.map((c) => [c.call_id, c]));
   const callRow = (c) => el("tr", {
     class: `clickable call${c.ok ? "" : " failed"}${c.call_id === callId ? " selected" : ""}`, "data-call": c.call_id,
-    onclick: () => { location.hash = sessionHref(sid, `/call/${encodeURIComponent(c.call_id)}`); } },
-    el("td", { class: "num" }, c.turn), el("td", {}, fmt.time(c.t_start)),
-    el("td", {}, c.model_returned || c.model_requested || "-"), el("td", { class: "num" }, fmt.ms(c.t_start, c.t_end)),
+    onclick: () => { location.hash = callHref(sid, c.call_id); } },
+    el("td", { class: "num" }, c.turn), el("td", { title: fmt.time(c.t_start) }, fmt.clock(c.t_start)),
+    clipped(c.model_returned || c.model_requested, "model"), el("td", { class: "num" }, fmt.ms(c.t_start, c.t_end)),
     el("td", { class: "num" }, `${fmt.int(c.input_tokens)} / ${fmt.int(c.output_tokens)}`),
     el("td", { class: "num" }, fmt.int(c.cache_read_tokens)), el("td", { class: "num" }, fmt.usd(c.cost_usd)),
-    el("td", {}, c.ok ? (c.stop_reason || "") : el("span", { class: "error-line" }, c.error || `HTTP ${c.status}`)));
+    c.ok ? clipped(c.stop_reason, "stop") : clipped(c.error || `HTTP ${c.status}`, "stop error-line"));
   const callTable = (calls) => el("table", { class: "calls" },
     el("tr", {}, ["#", "start", "model", "time", "in / out", "cache rd", "cost $", "stop"].map((h) => el("th", {}, h))),
     calls.map(callRow));
@@ -143,9 +158,34 @@ async function showSession(sid, callId, tokensSegment) {
   const detail = el("section", { id: "detail" },
     el("p", { class: "muted" }, "Pick a call to read it, or a segment's token view."));
   app.replaceChildren(el("p", {}, el("a", { href: "#/" }, "← sessions")), head,
-    el("div", { class: "session-layout" }, el("section", { id: "segments" }, segments), detail));
+    el("div", { class: "session-layout" },
+      el("div", { class: "session-side" }, trajectory(sid, data.tool_calls, byId, callId),
+        el("section", { id: "segments" }, segments)),
+      detail));
   if (callId) await showCall(detail, { session_id: sid, ...(byId[callId] || { call_id: callId }) }, byId);
   else if (tokensSegment != null) await showTokens(detail, sid, tokensSegment);
+}
+
+// The session's tool calls in order (tool, kind, what it acted on, how its result came back, the call that made
+// it), so the trajectory reads without opening each call.
+function trajectory(sid, tools, byId, callId) {
+  const result = (t) => {
+    if (t.failed == null) return el("span", { class: "muted" }, "no result");
+    if (!t.failed) return "ok";
+    return el("span", { class: "error-line" }, t.exit_code != null ? `failed (exit ${t.exit_code})` : "failed");
+  };
+  const kind = (t) => [t.kind, t.check_kind ? ` · ${t.check_kind}` : "",
+    t.writes_file && t.kind !== "write" ? " · writes" : ""];
+  const rows = tools.map((t, i) => el("tr", {
+    class: `clickable tool${t.failed ? " failed" : ""}${t.call_id === callId ? " selected" : ""}`,
+    "data-call": t.call_id, onclick: () => { location.hash = callHref(sid, t.call_id); } },
+    el("td", { class: "num" }, i + 1), el("td", { class: "num" }, byId[t.call_id] ? byId[t.call_id].turn : "-"),
+    clipped(t.via ? `${t.tool_name} (via ${t.via})` : t.tool_name, "tool"), el("td", {}, kind(t)),
+    clipped(t.target, "target", t.kind !== "shell"), el("td", {}, result(t))));
+  return el("section", { id: "trajectory" }, el("h2", {}, `Tool calls (${tools.length})`),
+    tools.length ? el("table", { class: "tools" },
+      el("tr", {}, ["#", "call", "tool", "kind", "target", "result"].map((h) => el("th", {}, h))), rows)
+      : el("p", { class: "muted" }, "The model called no tools."));
 }
 
 function partNode(p, results, sid) {
@@ -174,9 +214,20 @@ function partNode(p, results, sid) {
   return el("div", { class: "part other" }, JSON.stringify(p));
 }
 
-function messageNode(m, results, sid, history) {
-  return el("div", { class: `message ${m.role}${history ? " history" : ""}` }, el("div", { class: "role" }, m.role),
-    m.parts.map((p) => partNode(p, results, sid)));
+// `where`: "history" (repeated from an earlier call), "new" (what this call adds) or "output". A system prompt is
+// folded to its first line and size: it is the same every call, and reading starts below it.
+function messageNode(m, results, sid, where) {
+  const parts = m.parts.map((p) => partNode(p, results, sid));
+  const cls = `message ${m.role}${where === "history" ? " history" : ""}`;
+  if (m.role !== "system" && m.role !== "developer") {
+    return el("div", { class: cls, "data-where": where }, el("div", { class: "role" }, m.role), parts);
+  }
+  const text = m.parts.map((p) => p.text || "").join("\n");
+  const first = text.trim().split("\n")[0].slice(0, 120);
+  return el("details", { class: cls, "data-where": where },
+    el("summary", { class: "role" }, `${m.role} prompt, ${fmt.int(text.length)} characters`,
+      first ? el("span", { class: "muted" }, ` — ${first}${first.length < text.trim().length ? "…" : ""}`) : null),
+    parts);
 }
 
 // What the raw request shows in place of its images: each long base64 as the image's size (the whole request,
@@ -193,13 +244,26 @@ function requestNote(r, callId, sid) {
     unkept ? `${bySize ? "; " : ""}${unkept} image${unkept > 1 ? "s" : ""} recorded without bytes` : null);
 }
 
+// The tools a call offered, as a count that unfolds to their names (a harness offers dozens, on every call).
+function toolsOffered(tools) {
+  if (!tools.length) return "-";
+  const names = tools.map((t) => t.name || (t.function && t.function.name) || t.type);
+  return el("details", { id: "tools-offered" }, el("summary", {}, `${names.length} tool${names.length > 1 ? "s" : ""}`),
+    names.join(", "));
+}
+
+// A call page leads with what the call adds: its new input, then its output. The history it repeats from an
+// earlier call (`repeated` messages, the server's count) is one folded line, built when first opened.
 async function showCall(detail, row, byId) {
   const c = await api("call", { id: row.call_id, session: row.session_id });
-  const prev = row.continues_call && byId[row.continues_call];
-  const newFrom = prev ? prev.input_messages + prev.output_messages : 0;
-  const showAll = el("button", { id: "show-history" }, `show the ${newFrom} earlier messages`);
-  const history = el("div", { hidden: true }, c.input.slice(0, newFrom).map((m) => messageNode(m, c.tool_results, c.session_id, true)));
-  showAll.onclick = () => { history.hidden = false; showAll.hidden = true; };
+  const newFrom = c.repeated;
+  const from = c.repeats && byId[c.repeats] ? ` (call ${byId[c.repeats].turn} sent or got them)` : "";
+  const history = el("details", { id: "history" },
+    el("summary", {}, `${newFrom} earlier message${newFrom === 1 ? "" : "s"} this call repeats${from}`));
+  history.ontoggle = () => {
+    if (history.open && history.childElementCount === 1)
+      history.append(...c.input.slice(0, newFrom).map((m) => messageNode(m, c.tool_results, c.session_id, "history")));
+  };
   const raw = el("div", { id: "raw" });
   const rawButton = el("button", { id: "show-raw", onclick: async () => {
     const r = await api("raw", { id: row.call_id, session: c.session_id });
@@ -221,12 +285,13 @@ async function showCall(detail, row, byId) {
       el("dt", {}, "cache"), el("dd", {}, `read ${fmt.int(row.cache_read_tokens)}, write ${fmt.int(row.cache_write_tokens)}`),
       el("dt", {}, "cost $"), el("dd", {}, row.unpriced ? "unpriced model" : fmt.usd(row.cost_usd)),
       el("dt", {}, "segment"), el("dd", {}, row.segment_index == null ? "-" : `${row.segment_index} (${row.segment_reason})`),
-      el("dt", {}, "tools offered"), el("dd", {}, c.tools.map((t) => t.name || (t.function && t.function.name) || t.type).join(", ") || "-")),
-    newFrom ? showAll : null, history,
+      el("dt", {}, "tools offered"), el("dd", {}, toolsOffered(c.tools))),
+    newFrom ? history : null,
     el("h2", {}, newFrom ? "New input" : "Input"),
-    c.input.slice(newFrom).map((m) => messageNode(m, c.tool_results, c.session_id, false)),
+    newFrom && newFrom === c.input.length ? el("p", { class: "muted" }, "(none: it resends that history unchanged)")
+      : c.input.slice(newFrom).map((m) => messageNode(m, c.tool_results, c.session_id, "new")),
     el("h2", {}, "Output"),
-    c.output.length ? c.output.map((m) => messageNode(m, c.tool_results, c.session_id, false))
+    c.output.length ? c.output.map((m) => messageNode(m, c.tool_results, c.session_id, "output"))
       : el("p", { class: "muted" }, "(no output)"),
     el("p", {}, rawButton), raw].flat().filter((node) => node != null));
 }

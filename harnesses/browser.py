@@ -5,12 +5,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import PROJECT_BIN, McpServer
+from .context import McpServer
+from .locate import HarnessError, Tool, locate
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's `chromium` package (make test's `browser` target)
+PLAYWRIGHT = Tool("playwright-mcp", "playwright-mcp", "node_modules/.bin/playwright-mcp")
 
-PLAYWRIGHT_MCP = McpServer("playwright", (str(PROJECT_BIN / "playwright-mcp"), "--headless", "--isolated",
-                                          "--no-sandbox", "--executable-path", str(CHROMIUM), "--caps", "vision",
+
+def _playwright_mcp() -> str:
+    """Its executable where found now, else its bare name (the rollout's PATH is then the last chance)."""
+    try:
+        return locate(PLAYWRIGHT)
+    except HarnessError:
+        return PLAYWRIGHT.on_path
+
+
+PLAYWRIGHT_MCP = McpServer("playwright", (_playwright_mcp(), "--headless", "--isolated", "--no-sandbox",
+                                          "--executable-path", str(CHROMIUM), "--caps", "vision",
                                           "--image-responses", "allow", "--viewport-size", "1024x768"))
 """`@playwright/mcp` (pinned in package.json, run on the project's Node 24) driving Chromium headless with an
 in-memory profile, its vision capability (coordinate clicks) on and image responses allowed:

@@ -1,6 +1,6 @@
 """A rollout's stdio MCP servers (`RunContext.mcp_servers`) in each harness's own config format.
 
-One function per format; each adapter's `mcp` method puts its format where
+One function per format; each harness's `mcp` method puts its format where
 its harness reads it (a flag, a `-c` override, a settings file, a config
 variable), and its `mcp_wiring` says so for `forge-run --help`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import McpServer
+from .context import McpServer
 
 STARTUP_TIMEOUT_S = 60  # a Python MCP server importing its SDK on a busy 2-core machine takes seconds
 
@@ -25,7 +25,7 @@ def claude_code_config(servers: tuple[McpServer, ...]) -> dict:
     return {"mcpServers": {s.name: {"type": "stdio", **stdio_entry(s)} for s in servers}}
 
 
-def codex_overrides(servers: tuple[McpServer, ...]) -> list[str]:
+def codex_mcp_overrides(servers: tuple[McpServer, ...]) -> list[str]:
     """Codex's `-c mcp_servers.NAME.*` overrides (TOML values: JSON strings and arrays are valid TOML). `required`:
     Codex 0.171 otherwise leaves out the tools of a server not ready when the first turn starts."""
     flags: list[str] = []
@@ -38,19 +38,19 @@ def codex_overrides(servers: tuple[McpServer, ...]) -> list[str]:
     return flags
 
 
-def gemini_settings(servers: tuple[McpServer, ...]) -> dict:
+def gemini_mcp(servers: tuple[McpServer, ...]) -> dict:
     """The `mcpServers` of Gemini CLI's (and Qwen Code's) `settings.json`; trusted, so headless runs never ask."""
     return {"mcpServers": {s.name: {**stdio_entry(s), "trust": True, "timeout": STARTUP_TIMEOUT_S * 1000}
                            for s in servers}}
 
 
-def opencode_config(servers: tuple[McpServer, ...]) -> dict:
+def opencode_mcp(servers: tuple[McpServer, ...]) -> dict:
     """The `mcp` block of OpenCode's config."""
     return {"mcp": {s.name: {"type": "local", "command": list(s.command), "environment": dict(s.env),
                              "enabled": True, "timeout": STARTUP_TIMEOUT_S * 1000} for s in servers}}
 
 
-def openclaw_config(servers: tuple[McpServer, ...]) -> dict:
+def openclaw_mcp(servers: tuple[McpServer, ...]) -> dict:
     """The `mcp.servers` block of OpenClaw's `openclaw.json`."""
     return {"mcp": {"servers": {s.name: {**stdio_entry(s), "connectionTimeoutMs": STARTUP_TIMEOUT_S * 1000}
                                 for s in servers}}}

@@ -1,4 +1,4 @@
-"""A scripted model server: the upstream that tests, `make demo` and benchmarks put behind the recorder.
+"""A scripted model server: the upstream that `make demo`, the tests and benchmarks put behind the recorder.
 
 Why it exists: the recorder has to be exercised over real HTTP -- real SSE
 framing, real WebSockets, real faults -- without a paid API or a GPU, and its
@@ -45,7 +45,10 @@ words, a token's id is ``crc32(word) % 50000`` and its logprob
 of the request's message text, output = words of thinking + text + tool
 arguments, unless `Turn.usage` says otherwise.
 
-Run on its own: ``python tests/scripted_upstream.py --port P [--chunks N --chunk-delay S] [--reply TEXT]``.
+Run on its own: ``python examples/scripted_upstream.py --port P [--chunks N --chunk-delay S] [--reply TEXT]``.
+It needs forgerl installed (its codecs write the answers) and nothing else; examples/README.md
+shows a script, and the tests import it as ``scripted_upstream`` (tests/conftest.py puts examples/ on
+their path).
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ _BIG_TEXT_BYTES = 50_000_000
 class ToolCall:
     name: str
     arguments: dict[str, Any]
-    id: str | None = None  # generated (toolu_… / call_…) when None
+    id: str | None = None  # generated (toolu_… / call_…) when None; "": none (as the Gemini API sends)
 
 
 @dataclass
@@ -291,7 +294,8 @@ def _answer_for(request: Request, turn: Turn, digest: str, created: int) -> Answ
         signature = base64.b64encode(hashlib.sha256(said.reasoning.encode()).digest() * 2).decode()
     model = request.body.get("model") or (model_of(request.path) if request.api == "gemini" else None)
     return Answer(id=digest, model=str(model or "scripted"), turn=said,
-                  call_ids=tuple(call.id or f"{prefix}{digest[:22]}{i:02d}" for i, call in enumerate(spoken)),
+                  call_ids=tuple(f"{prefix}{digest[:22]}{i:02d}" if call.id is None else call.id
+                                 for i, call in enumerate(spoken)),
                   usage=usage, finish=turn.finish, created=created, signature=signature,
                   prompt_token_ids=prompt_ids if want_ids else None,
                   completion_token_ids=token_ids(output) if want_ids or want_logprobs else None,
@@ -654,7 +658,7 @@ async def _abort(request: web.Request) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python tests/scripted_upstream.py --port P [--chunks N --chunk-delay S] [--reply TEXT]`."""
+    """`python examples/scripted_upstream.py --port P [--chunks N --chunk-delay S] [--reply TEXT]`."""
     parser = argparse.ArgumentParser(prog="scripted_upstream.py", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")

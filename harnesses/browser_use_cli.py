@@ -9,7 +9,7 @@ downloaded), with vision on (a screenshot in every step's message), and
 speaks Chat Completions through browser-use's `ChatOpenAI` to
 `OPENAI_BASE_URL` (the recorder's session) with `OPENAI_API_KEY`.
 Telemetry, cloud sync and version checks are off through the environment
-the adapter sets (`recorder/launch.py` `BROWSER_USE_OFFLINE`); its judge (a
+its harness spec sets (`browser_use.py` `BROWSER_USE_OFFLINE`); its judge (a
 second model call grading the run after `done`) is off: the task's grader
 grades.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from .base import MAX_TRANSCRIPT_BYTES
+MAX_TRANSCRIPT_BYTES = 1 << 20  # what an outcome keeps of a harness's own transcript
 
 
 def sqlite_transcript(databases: list[Path], query: str) -> str | None:
