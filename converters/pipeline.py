@@ -6,7 +6,7 @@ import gc
 import hashlib
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -122,17 +122,22 @@ def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
     """Run the conversion; everything appears at `out` at the end, or nothing."""
     check_options(opts)
     dataset_manifest = check_dataset(root)
-    with ThreadPoolExecutor(1) as pool:  # DuckDB starts (~20 ms, without the GIL) while the template compiles
-        connecting = pool.submit(connect, root)
-        tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
+    tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
+    # The manifest's sha256 of the tokenizer is taken on a thread: hashlib releases the GIL. DuckDB's start
+    # holds it, so the template's compile beside it made both slower (they took turns at the GIL).
+    pool = ThreadPoolExecutor(1, thread_name_prefix="forgerl-hash")
+    try:
+        hashing = pool.submit(tokenizer_hash, tokenizer) if tokenizer is not None else None
+        con = connect(root)
         renderer = Renderer(tokenizer) if tokenizer is not None else None
         pads = ImagePads.from_tokenizer_dir(opts.tokenizer, tokenizer) if tokenizer is not None else None
-        con = connecting.result()
+    finally:
+        pool.shutdown(wait=False)
     output = Output(out)
     writers = _Writers(output, opts.target, opts.shard_bytes)
     try:
         with _startup_frozen():
-            manifest = _run(root, con, output, writers, opts, renderer, pads, dataset_manifest)
+            manifest = _run(root, con, output, writers, opts, renderer, pads, dataset_manifest, hashing)
         output.write_json("manifest.json", manifest)
         output.commit()
         return manifest
@@ -158,7 +163,8 @@ def _startup_frozen() -> Iterator[None]:
 
 
 def _run(root: Path, con: duckdb.DuckDBPyConnection, output: Output, writers: _Writers, opts: Options,
-         renderer: Renderer | None, pads: ImagePads | None, dataset_manifest: dict) -> dict:
+         renderer: Renderer | None, pads: ImagePads | None, dataset_manifest: dict,
+         tokenizer_sha: Future[str] | None) -> dict:
     counts: Counter = Counter()
     dropped: Counter = Counter()
     drift = DriftReport(renderer, opts.drift, pads)
@@ -224,7 +230,7 @@ def _run(root: Path, con: duckdb.DuckDBPyConnection, output: Output, writers: _W
                   "created_at": dataset_manifest.get("created_at")},
         "target": opts.target, "mode": opts.mode if opts.target == "tokens" else "thread",
         "tokenizer": None if renderer is None else {"name": opts.tokenizer,
-                                                     "sha256": tokenizer_hash(renderer.tokenizer)},
+                                                     "sha256": tokenizer_sha.result()},
         "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from,
                     "drift": opts.drift, "harnesses": sorted(opts.harnesses),
                     "allow_tools_absent": opts.allow_tools_absent, "filters": opts.filters.describe()},

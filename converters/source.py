@@ -54,10 +54,10 @@ HEAVY_COLUMNS = ("tools", *TOKEN_COLUMNS)
 _CALLS_SQL = f"""
 SELECT {', '.join(c for c in CALL_COLUMNS if c not in HEAVY_COLUMNS)}, filename AS _file, file_row_number AS _row
 FROM read_parquet($files, union_by_name=true, filename=true, file_row_number=true)
-WHERE session_id BETWEEN $lo AND $hi ORDER BY session_id, t_start, seq, call_id
+WHERE $lo IS NULL OR session_id BETWEEN $lo AND $hi ORDER BY session_id, t_start, seq, call_id
 """
-_PARTS_SQL = ("SELECT DISTINCT session_id, part_hash, part FROM messages WHERE session_id BETWEEN $lo AND $hi "
-              "ORDER BY session_id")
+_PARTS_SQL = ("SELECT DISTINCT session_id, part_hash, part FROM messages WHERE $lo IS NULL OR session_id BETWEEN $lo "
+              "AND $hi ORDER BY session_id")
 _SORT_SHARE = 4  # a range's calls may fill 1/_SORT_SHARE of the memory limit (the rest: DuckDB, row groups)
 _BATCH = 2048
 
@@ -195,10 +195,11 @@ def _part_rows(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Iterat
         yield from zip(*(column.to_pylist() for column in batch.columns))
 
 
-def _call_rows(con: duckdb.DuckDBPyConnection, files: list[str], lo: str, hi: str) -> Iterator[dict[str, Any]]:
-    """The calls of sessions lo..hi in `files`, ordered by session and recording order, whole: the heavy
-    columns from `_heavy_columns`, UTC timestamps through int64. Converted a column at a time (a row at a
-    time, pyarrow costs ~4x more)."""
+def _call_rows(con: duckdb.DuckDBPyConnection, files: list[str], lo: str | None,
+               hi: str | None) -> Iterator[dict[str, Any]]:
+    """The calls of sessions lo..hi (all: None) in `files`, ordered by session and recording order, whole: the
+    heavy columns from `_heavy_columns`, UTC timestamps through int64. Converted a column at a time (a row at
+    a time, pyarrow costs ~4x more)."""
     order = con.sql(_CALLS_SQL, params={"files": files, "lo": lo, "hi": hi}).to_arrow_table()
     heavy = _heavy_columns(order)
     order = order.drop_columns(["_file", "_row"])
@@ -321,10 +322,10 @@ def _memory_bytes() -> int:
         raise DatasetError(f"FORGE_CONVERT_MEMORY={text!r}: expected a size such as 512MB or 2GB") from None
 
 
-def _bytes_per_call(root: Path) -> float:
-    """Bytes a call holds while its range is read, from the files' footers (tools excluded): token lists at
-    8 bytes a value (the int32 buffers of its row group, and a copy when only part of it is taken; Parquet
-    encodes them far smaller), the rest as stored."""
+def _call_sizes(root: Path) -> tuple[int, float]:
+    """How many calls the dataset holds, and the bytes a call holds while its range is read, from the files'
+    footers (tools excluded): token lists at 8 bytes a value (the int32 buffers of its row group, and a copy
+    when only part of it is taken; Parquet encodes them far smaller), the rest as stored."""
     columns = set(CALL_COLUMNS) - {"tools"}
     total = rows = 0
     for path in data_files(root, "calls"):
@@ -337,13 +338,17 @@ def _bytes_per_call(root: Path) -> float:
                     total += 8 * column.num_values
                 elif name in columns:
                     total += column.total_uncompressed_size
-    return total / max(rows, 1)
+    return rows, total / max(rows, 1)
 
 
-def _session_ranges(root: Path, con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
-    """Consecutive session-id ranges whose calls fit the sort budget (a session is never split)."""
-    per_range = max(1, int(_memory_bytes() / _SORT_SHARE / max(_bytes_per_call(root), 1.0)))
-    ranges: list[tuple[str, str]] = []
+def _session_ranges(root: Path, con: duckdb.DuckDBPyConnection) -> list[tuple[str | None, str | None]]:
+    """Consecutive session-id ranges whose calls fit the sort budget (a session is never split); one open
+    range, (None, None), when all of them fit."""
+    total, per_call = _call_sizes(root)
+    per_range = max(1, int(_memory_bytes() / _SORT_SHARE / max(per_call, 1.0)))
+    if total < per_range:
+        return [(None, None)]
+    ranges: list[tuple[str | None, str | None]] = []
     first, count = None, 0
     for session_id, calls in con.execute("SELECT session_id, count(*) FROM calls GROUP BY 1 ORDER BY 1").fetchall():
         first = session_id if first is None else first
