@@ -17,6 +17,11 @@ forwarded: each gets a 503 naming the failure, and the proxy shuts down
 A call the writer could not record whole fails its session's barrier
 (`writer_process.CallsFailed`) and is counted in `call_failures`, which the
 proxy's owner reports as it exits.
+
+With a `KeyHolder` (`forge-record serve --hold-keys`, `credentials.py`) the
+harness sends a token, not a key: each call's token is checked against its
+session and swapped for the real key, and a call without a valid one is
+answered with its API's own 401 and recorded as refused, never forwarded.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from forgerl.errors import UserError
 from forgerl.recorder import control
 from forgerl.recorder.apis.gemini import is_gemini_api
 from forgerl.recorder.capture import CapturedCall
+from forgerl.recorder.credentials import KeyHolder, Refused, refusal_body
 from forgerl.recorder.images import IMAGE_MODES
 from forgerl.recorder.redact import Redactor
 from forgerl.recorder.writer_process import WriterClient
@@ -96,7 +102,8 @@ class Upstream:
 class Recorder:
     """Records each flow into a forgerl dataset root (`forge_out`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys: KeyHolder | None = None) -> None:
+        self.keys = keys  # hold the keys: swap tokens for them (None: pass whatever the harness sends)
         self.writer: WriterClient | None = None
         self.upstreams: dict[str, Upstream] = {}
         self.master = None
@@ -166,10 +173,16 @@ class Recorder:
         family = _family(path)
         if family in self.upstreams:
             self.upstreams[family].apply(request)
+        headers = list(request.headers.items(multi=True))  # recorded as sent: a token, never the real key
+        if self.keys is not None:
+            try:
+                self.keys.swap(request.headers, request.query, family, session)
+            except Refused as e:
+                flow.metadata["forgerl_refused"] = (family, str(e))
         call = flow.metadata["forgerl"] = CapturedCall(
             call_id=uuid.uuid4().hex, session_id=session, seq=self.writer.next_seq(),
             method=request.method, path=path, upstream=f"{request.scheme}://{request.pretty_host}:{request.port}",
-            t_start=request.timestamp_start, request_headers=list(request.headers.items(multi=True)),
+            t_start=request.timestamp_start, request_headers=headers,
             policy_version=ctx.options.forge_policy_version or None,
         )
         self._opened(call)
@@ -188,6 +201,11 @@ class Recorder:
             return None
         call.request_body = flow.request.raw_content
         self.writer.open(call)
+        refused = flow.metadata.get("forgerl_refused")
+        if refused is not None:
+            family, why = refused
+            flow.response = http.Response.make(401, json.dumps(refusal_body(family, why)),
+                                               {"content-type": "application/json"})
         return None
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -198,7 +216,10 @@ class Recorder:
         call.status = response.status_code
         call.response_headers = list(response.headers.items(multi=True))
         call.sse = response.headers.get("content-type", "").startswith("text/event-stream")
-        response.stream = call.tap
+        if "forgerl_refused" in flow.metadata:
+            call.tap(response.content)  # the recorder's own answer: whole, not streamed from upstream
+        else:
+            response.stream = call.tap
 
     def response(self, flow: http.HTTPFlow) -> None:
         call = flow.metadata.get("forgerl")

@@ -2,6 +2,8 @@
 
     forge-record serve --upstream URL [--listen 127.0.0.1:PORT] [--out DIR]
     forge-record serve --policy URL --tokenizer DIR --served-model NAME [--out DIR]
+    forge-record serve --hold-keys ...      (FORGE_RECORDER_SECRET set: harnesses send tokens, not keys)
+    forge-record token --session ID [--ttl SECONDS]
     forge-record run --out DIR [--upstream URL] [--upstream-anthropic|-openai|-gemini URL] -- CMD...
     forge-record ls DIR
     forge-record show DIR SESSION
@@ -31,6 +33,7 @@ from forgerl.schema.toolcalls import FORMATS
 
 from . import summary
 from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
+from .credentials import DEFAULT_KEY_ENV, DEFAULT_TTL_S, MAX_TTL_S, SECRET_ENV, KeyHolder, Tokens, secret_from_env
 from .images import IMAGE_MODES
 from .proxy import ANTHROPIC_API, GEMINI_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
 
@@ -87,7 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0)")
     serve.add_argument("--session", default="default",
                        help="session id for calls with no /s/<id>/ prefix or X-Forge-Session header")
+    held = serve.add_argument_group("holding the keys: clients send per-session tokens, never a vendor key")
+    held.add_argument("--hold-keys", action="store_true",
+                      help=f"accept only tokens (forge-record token, or POST /_forge/sessions/ID/token) made with "
+                      f"the secret in ${SECRET_ENV}, and swap each for the API's real key; anything else gets "
+                      "the API's 401. The control endpoints then want 'Authorization: Bearer <secret>'")
+    held.add_argument("--upstream-key-env", action="append", default=[], metavar="API=VAR",
+                      help="read API's real key (anthropic, openai, gemini) from variable VAR; defaults "
+                      + ", ".join(f"{api}={var}" for api, var in DEFAULT_KEY_ENV.items())
+                      + "; an API whose variable is unset is sent no key")
     _common(serve)
+
+    token = sub.add_parser("token", help=f"print a capability token for a --hold-keys recorder (${SECRET_ENV})")
+    token.add_argument("--session", required=True, help="the session the token is for (its /s/<id>/ path)")
+    token.add_argument("--ttl", type=int, default=DEFAULT_TTL_S,
+                       help=f"seconds the token lives (default {DEFAULT_TTL_S}, at most {MAX_TTL_S})")
 
     run = sub.add_parser("run", help="record one command: point known harnesses at a fresh recorder, run, summarise",
                          description="Record one command. Known harness commands are aimed at the recorder with "
@@ -126,10 +143,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = RecorderConfig(out=Path(args.out), upstream_anthropic=anthropic, upstream_openai=openai,
                             upstream_gemini=gemini, listen_host=host, listen_port=port, forward=args.forward,
                             session=args.session, redact_rules=args.redact_rules, images=args.images,
-                            policy_version=args.policy_version, labels=args.labels, upstream_ca=args.upstream_ca)
+                            policy_version=args.policy_version, labels=args.labels, upstream_ca=args.upstream_ca,
+                            keys=_keys(args))
     target = "forward proxy" if args.forward else f"anthropic -> {anthropic}, gemini -> {gemini}, openai -> {openai}"
     return _closing_status(serve_forever(config, on_ready=lambda: print(
         f"forge-record: listening on {config.url} ({target}); recording to {args.out}", flush=True)))
+
+
+def _keys(args: argparse.Namespace) -> KeyHolder | None:
+    """--hold-keys: the secret and each API's real key, from this process's environment."""
+    if not args.hold_keys:
+        if args.upstream_key_env:
+            raise UserError("--upstream-key-env goes with --hold-keys")
+        return None
+    names = {}
+    for item in args.upstream_key_env:
+        api, sep, var = item.partition("=")
+        if not sep or not api or not var:
+            raise UserError(f"--upstream-key-env: expected API=VAR, got {item!r}")
+        names[api] = var
+    return KeyHolder.from_env(names)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    token, _ = Tokens(secret_from_env()).issue(args.session, args.ttl)
+    print(token)
+    return 0
 
 
 def _closing_status(call_failures: int, status: int = 0) -> int:
@@ -184,7 +223,8 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     with GatewayThread(gateway) as gateway_url:
         config = RecorderConfig.one_upstream(Path(args.out), gateway_url, listen_host=host, listen_port=port,
                                              session=args.session, redact_rules=args.redact_rules,
-                                             images=args.images, policy_version=version, labels=args.labels)
+                                             images=args.images, policy_version=version, labels=args.labels,
+                                             keys=_keys(args))
         failures = serve_forever(config, on_ready=lambda: print(
             f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
             f"policy version {version}); recording to {args.out}", flush=True))
@@ -240,7 +280,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"serve": cmd_serve, "run": cmd_run, "ls": cmd_ls, "show": cmd_show,
+COMMANDS = {"serve": cmd_serve, "token": cmd_token, "run": cmd_run, "ls": cmd_ls, "show": cmd_show,
             "compact": cmd_compact, "delete": cmd_delete}
 
 

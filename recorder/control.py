@@ -9,6 +9,14 @@
                                        500 if a call of <id> could not be recorded whole (which, and
                                        why: `CallsFailed`), 503 after a recording failure, 504 if
                                        calls of <id> stay open
+    POST /_forge/sessions/<id>/token   200 {"session": id, "token": t, "expires": s}: a capability token
+         [?ttl=SECONDS]                for <id>'s harness (`credentials.py`; default an hour)
+    POST /_forge/sessions/<id>/close   200 {"session": id, "closed": true}: every token issued for <id>
+                                       so far is refused from now on (after its final flush barrier)
+
+The last two exist only when the recorder holds the keys (`--hold-keys`;
+409 otherwise), and then every endpoint wants `Authorization: Bearer
+<secret>` (401 without): the runner holds the secret, a jail or pod never.
 
 A runner grades a rollout from its recorded calls the moment the harness
 exits. The writer flushes on its own clock in another process, so without a
@@ -35,12 +43,17 @@ from urllib.parse import quote, unquote
 
 from mitmproxy import http
 
+from forgerl.errors import UserError
+
+from .credentials import DEFAULT_TTL_S, KeyHolder
 from .writer_process import CallsFailed, RecorderFailure
 
 PREFIX = "/_forge/"
 READY_PATH = PREFIX + "ready"
 SESSIONS = "sessions"
 FLUSH = "flush"
+TOKEN = "token"
+CLOSE = "close"
 CALLS_FAILED = "forgerl_calls_failed"
 BARRIER_TIMEOUT_S = 120  # the client's: the recorder itself gives up on open calls sooner
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
@@ -51,6 +64,8 @@ class Recording(Protocol):
 
     @property
     def failure(self) -> str | None: ...
+
+    keys: KeyHolder | None
 
     def durable(self, session: str, now: bool = False) -> Awaitable[int]: ...
 
@@ -76,7 +91,14 @@ async def answer(flow: http.HTTPFlow, recording: Recording) -> None:
     """Set `flow.response` for a request to a control path."""
     request = flow.request
     parts = request.path.split("?", 1)[0][len(PREFIX):].split("/")
-    if parts == ["ready"] and request.method == "GET":
+    keys = recording.keys
+    if keys is not None and not keys.tokens.control_allowed(request.headers.get("authorization", "")):
+        flow.response = _json(401, {"error": {"type": "forgerl_unauthorized",
+                                              "message": "the recorder's control endpoints want its secret"}})
+    elif len(parts) == 3 and parts[0] == SESSIONS and parts[1] and parts[2] in (TOKEN, CLOSE) \
+            and request.method == "POST":
+        flow.response = _credentials(keys, unquote(parts[1]), parts[2], request.query.get("ttl", ""))
+    elif parts == ["ready"] and request.method == "GET":
         flow.response = refusal(recording.failure) if recording.failure else _json(200, {"ready": True})
     elif len(parts) == 3 and parts[0] == SESSIONS and parts[1] and parts[2] == FLUSH and request.method == "POST":
         session = unquote(parts[1])
@@ -96,6 +118,20 @@ async def answer(flow: http.HTTPFlow, recording: Recording) -> None:
                                               "message": f"no {request.method} {request.path} on the recorder"}})
 
 
+def _credentials(keys: KeyHolder | None, session: str, action: str, ttl: str) -> http.Response:
+    if keys is None:
+        return _json(409, {"error": {"type": "forgerl_not_holding_keys",
+                                     "message": "this recorder passes keys through (start it with --hold-keys)"}})
+    if action == CLOSE:
+        keys.tokens.revoke(session)
+        return _json(200, {"session": session, "closed": True})
+    try:
+        token, expires = keys.tokens.issue(session, int(ttl) if ttl else DEFAULT_TTL_S)
+    except (ValueError, UserError) as e:
+        return _json(400, {"error": {"type": "forgerl_bad_request", "message": f"ttl {ttl!r}: {e}"}})
+    return _json(200, {"session": session, "token": token, "expires": expires})
+
+
 # ------------------------------------------------------------------ the runner's side
 
 
@@ -110,12 +146,13 @@ class RecorderUnreachable(RecorderFailure):
 class RecorderControl:
     """A recorder's control endpoints, from a runner."""
 
-    def __init__(self, url: str, timeout: float = BARRIER_TIMEOUT_S):
+    def __init__(self, url: str, timeout: float = BARRIER_TIMEOUT_S, secret: str = ""):
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._headers = {"authorization": f"Bearer {secret}"} if secret else {}  # a --hold-keys recorder's
 
     def _call(self, method: str, path: str) -> dict:
-        request = urllib.request.Request(self.url + path, method=method)
+        request = urllib.request.Request(self.url + path, method=method, headers=self._headers)
         try:
             with _DIRECT.open(request, timeout=self.timeout) as r:
                 return json.loads(r.read())
@@ -157,3 +194,11 @@ class RecorderControl:
         could not be recorded whole."""
         path = f"{PREFIX}{SESSIONS}/{quote(session, safe='')}/{FLUSH}" + ("?now=1" if now else "")
         return int(self._call("POST", path)["calls"])
+
+    def register(self, session: str, ttl_s: int = DEFAULT_TTL_S) -> str:
+        """A capability token for `session`'s harness, valid `ttl_s` seconds or until `close` (--hold-keys)."""
+        return str(self._call("POST", f"{PREFIX}{SESSIONS}/{quote(session, safe='')}/{TOKEN}?ttl={ttl_s}")["token"])
+
+    def close(self, session: str) -> None:
+        """Revoke `session`'s tokens: call it once its final flush barrier is done."""
+        self._call("POST", f"{PREFIX}{SESSIONS}/{quote(session, safe='')}/{CLOSE}")

@@ -25,6 +25,7 @@ from mitmproxy.addons import (block, core, disable_h2c, dns_resolver, errorcheck
 from forgerl.errors import UserError, removed_on_user_error
 
 from .addon import Recorder, Upstream, parse_labels
+from .credentials import KeyHolder
 from .images import IMAGE_MODES
 from .redact import Redactor
 from .writer_process import RecorderFailure
@@ -50,6 +51,7 @@ class RecorderConfig:
     labels: str = ""
     confdir: str = "~/.mitmproxy"
     upstream_ca: str = ""
+    keys: KeyHolder | None = None  # --hold-keys: swap each session's token for the real key (credentials.py)
 
     def __post_init__(self) -> None:
         # Validate here, so bad input is one clear line before any socket opens.
@@ -141,7 +143,7 @@ def build_master(config: RecorderConfig, loop: asyncio.AbstractEventLoop) -> tup
     master = mitm_master.Master(opts, event_loop=loop, with_termlog=True)
     master.addons.add(*proxy_addons(config.forward))
     ready = _Ready()
-    master.addons.add(Recorder(), ready)
+    master.addons.add(Recorder(config.keys), ready)
     try:
         _configure(opts, config)
     except exceptions.OptionsError as e:  # the addon's way of saying bad input (a root it cannot open)

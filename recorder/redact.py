@@ -16,6 +16,8 @@ from typing import Iterable
 
 from forgerl.errors import UserError
 
+from .credentials import PREFIX as TOKEN_PREFIX
+
 REDACTED = "[REDACTED]"
 SECRET_HEADERS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie",
@@ -35,6 +37,7 @@ KEY_PATTERNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"AIza[0-9A-Za-z_\-]{35}", ("AIza",)),                                  # Google
     (r"hf_[A-Za-z0-9]{30,}", ("hf_",)),                                       # Hugging Face
     (r"(?i:bearer)\s+[A-Za-z0-9._~+/\-]{16,}=*", ("bearer", "Bearer", "BEARER")),
+    (re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_.\-]+", (TOKEN_PREFIX,)),           # forgerl's own tokens
     (r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----", ("PRIVATE KEY",)),
 )
 # `.env`-style lines whose name says secret: keep the name, drop the value. They may

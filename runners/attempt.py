@@ -65,6 +65,7 @@ class AttemptConfig:
     isolate_network: bool = True  # False: the harness is only pointed at the recorder
     in_pod: bool = False  # a Kubernetes pod: the network is the pod's, the task's image is the filesystem
     user: UserModel | None = None  # plays the simulated user of tasks with a persona
+    recorder_secret: str = ""  # the recorder holds the keys: its control endpoints want this
 
 
 @dataclass
@@ -155,7 +156,8 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     run = GradeInput(config.dataset, session, workspace, final_answer, verdict=verdict,
                      service_state=state.get("services", {}), judge=config.judge, jail_grade=result.grade)
     try:
-        scores = grade_session(task, run, config.recorder_url, now=bool(slots and slots.spare()))
+        scores = grade_session(task, run, config.recorder_url, now=bool(slots and slots.spare()),
+                               secret=config.recorder_secret)
     except NoCallsRecorded as e:
         raise NoCallsRecorded(f"{e}; {_how_it_ended(result)}") from None
     timings["grade"] = round(time.monotonic() - clock, 4)

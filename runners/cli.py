@@ -65,6 +65,7 @@ from forgerl.analysis.pass_rates import rates_table
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.harnesses import HARNESSES, get_harness, mcp_help, resume_help
+from forgerl.recorder.credentials import new_secret, secret_from_env
 from forgerl.recorder.redact import Redactor
 from forgerl.schema.store import DatasetWriter
 
@@ -137,12 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-model-name", default="", metavar="M", help="with --user-model: its model name")
     p.add_argument("--no-network-isolation", action="store_true",
                    help="local runner: do not put harnesses in a network namespace")
+    p.add_argument("--allow-shared-proc", action="store_true",
+                   help="local runner: run even where the harnesses would share forgerl's /proc (no PID namespace: "
+                   "--no-network-isolation, or no unshare here), so an agent could read the keys in forgerl's "
+                   "processes' environments")
     p.add_argument("--redact-rules", default="", metavar="FILE",
                    help="extra redaction regexes, one per line, for the recorder forge-run starts and for what "
                    "outcomes keep of the harness's own words (its stderr, own transcript, final answer); keys, "
                    "tokens and .env secrets are always redacted. A recorder given with --recorder-url keeps its own")
     p.add_argument("--recorder-url", default="", help="use this running recorder instead of starting one "
                    "(required for --runner kubernetes unless pods can reach this machine)")
+    p.add_argument("--hold-keys", action="store_true",
+                   help="local runner: only the recorder holds the model-API keys (forge-record serve --hold-keys); "
+                   "each rollout's harness gets a token for its own session where its key goes, revoked once the "
+                   "rollout is graded. With --recorder-url, that recorder's secret comes from $FORGE_RECORDER_SECRET")
     p.add_argument("--watch", action="store_true", help="re-run whenever the policy version changes")
     p.add_argument("--policy-version-from", default="", metavar="FILE|URL",
                    help="read the policy version here instead of the upstream's /v1/models")
@@ -193,7 +202,7 @@ def _model(args: argparse.Namespace) -> str:
     return get_harness(args.harness).model_for(args.model)
 
 
-def _runner(args: argparse.Namespace, recorder_url: str):
+def _runner(args: argparse.Namespace, recorder_url: str, recorder_secret: str = ""):
     harness = get_harness(args.harness)
     model = _model(args)
     if args.runner == "local":
@@ -201,7 +210,7 @@ def _runner(args: argparse.Namespace, recorder_url: str):
         return LocalRunner(harness, recorder_url, Path(args.out), parallel=args.parallel, retries=args.retries,
                            isolate_network=not args.no_network_isolation, model=model, timeout_s=args.timeout,
                            judge=Judge(args.judge, args.judge_model) if args.judge else None,
-                           user=_user_model(args))
+                           user=_user_model(args), recorder_secret=recorder_secret)
     from .kubernetes import KubernetesRunner, api_client, load_template
     template = load_template(Path(args.pod_template)) if args.pod_template else load_template()
     return KubernetesRunner(harness, recorder_url, api_client(args.kube_api, args.kubeconfig),
@@ -226,18 +235,19 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
     label = f" (policy {policy_version})" if policy_version else ""
     with ExitStack() as stack:
         recorder_url = args.recorder_url
+        secret = args.recorder_secret or (new_secret() if args.hold_keys else "")  # a fresh one per recorder
         if todo and not recorder_url and args.policy:
             recorder_url = stack.enter_context(policy_recorder(out, args.policy, args.tokenizer, args.served_model,
-                                                               policy_version, args.redact_rules))
+                                                               policy_version, args.redact_rules, secret))
         if todo and not recorder_url:
             recorder_url = stack.enter_context(upstream_recorder(out, args.upstream, policy_version,
-                                                                 args.redact_rules))
+                                                                 args.redact_rules, secret))
             if args.runner == "kubernetes":
                 print(f"forge-run: no --recorder-url: pods must reach {recorder_url} (this machine's loopback)",
                       file=sys.stderr)
         print(f"forge-run: {len(todo)} rollouts to run, {skipped} already finished{label}", file=sys.stderr)
         if todo:
-            runner = _runner(args, recorder_url)
+            runner = _runner(args, recorder_url, secret)
             runner.redactor = args.redactor
             writer = stack.enter_context(DatasetWriter(out, source="runner"))
             bar = stack.enter_context(tqdm(total=len(todo), desc="rollouts", unit="rollout", file=sys.stderr))
@@ -280,6 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     return run_verb("forge-run", lambda: _run(args))
 
 
+def _check_proc_isolation(args: argparse.Namespace) -> None:
+    """Refuse (or, with --allow-shared-proc, warn) where a local harness would see forgerl's processes in /proc."""
+    from .sandbox import shared_proc_reason
+
+    why = shared_proc_reason(not args.no_network_isolation)
+    if why and not args.allow_shared_proc:
+        raise UserError(f"harnesses would see forgerl's processes in /proc and could read their keys ({why}); "
+                        "pass --allow-shared-proc to accept that")
+    if why:
+        print(f"forge-run: warning: harnesses see forgerl's processes in /proc ({why})", file=sys.stderr)
+
+
 def _run(args: argparse.Namespace) -> int:
     """Check the flag combinations, then run one round or watch the policy version."""
     if sum(map(bool, (args.upstream, args.policy, args.recorder_url))) != 1:
@@ -294,6 +316,11 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--judge URL and --judge-model M go together")
     if bool(args.user_model) != bool(args.user_model_name):
         raise UserError("--user-model URL and --user-model-name M go together")
+    if args.runner == "local":
+        _check_proc_isolation(args)
+    elif args.hold_keys:
+        raise UserError("--hold-keys: only the local runner hands out tokens yet; pods would still get the keys")
+    args.recorder_secret = secret_from_env() if args.hold_keys and args.recorder_url else ""
     args.redactor = Redactor.from_file(args.redact_rules) if args.redact_rules else KEY_SHAPES
     persona_refusal = refusal(_user_model(args), get_harness(args.harness))
     tasks = _runnable(_select(load_tasks(args.tasks), args.task), persona_refusal)

@@ -6,7 +6,8 @@ So a runner process starts one server (`python -m forgerl.runners.forkserver
 SOCKET`), which imports the jail and the grading code once and, for each
 connection on its Unix socket, forks a child that does one job and answers.
 The server is single-threaded (so forking it is safe) and never runs task
-code itself; it exits when the runner does (its stdin closes).
+code itself; it exits when the runner does (its stdin closes), and serves the
+runner that started it alone (a harness could reach its socket).
 
 There are two servers, each warm with only what its children need
 (`WARM`): jails and grades fork from one that imports the jail and the
@@ -264,9 +265,18 @@ def serve(path: str, kind: str) -> int:
         os.rmdir(os.path.dirname(path))
 
 
+def _from_runner(conn: socket.socket) -> bool:
+    """Whether the client is the runner that started this server. A harness runs with forgerl's uid (so it could
+    open the socket) but in a PID namespace of its own: it must not get a job forked outside its jail."""
+    peer_pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+    return peer_pid == os.getppid()
+
+
 def _fork_for(conn: socket.socket, listener: socket.socket, own_pids: int) -> None:
     """Read a job's first byte and file descriptors, and fork its child (into a PID namespace of its own, as PID
     1, if the byte asks for one); the child never returns here."""
+    if not _from_runner(conn):
+        return
     conn.settimeout(5)  # a client sends its first byte at once
     try:
         tag, fds, _, _ = socket.recv_fds(conn, 1, 2)

@@ -18,6 +18,11 @@ process left in the namespace, so a harness's children cannot outlive the
 rollout. Without a bridge it is a child subreaper instead: whatever the
 harness left running (daemonised children included) is re-parented to it
 and killed. The status is the harness's (128 + signal when killed by one).
+
+With the namespaces, the harness itself runs as PID 1 of one more PID
+namespace, with a `/proc` of that namespace's own and no capabilities
+(`_run_hidden`): no process of forgerl's, this jail included, is in its
+sight, so it cannot read the keys in their environments.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .bridge import connector_from, forward
-from .mountns import enter_root
-from .namespaces import CLONE_NEWNET, CLONE_NEWPID, LIBC, open_namespace, unshare
+from .mountns import enter_root, own_proc
+from .namespaces import CLONE_NEWNET, CLONE_NEWPID, LIBC, drop_capabilities, open_namespace, unshare
 from .services import ServiceStage
 from .verifier import VerifierStage, kill_namespace, run_stage, snapshot
 
@@ -331,6 +336,8 @@ def _runner_gone_first(pid: int, runner: socket.socket, timeout_s: float | None 
 
 
 def _run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int:
+    if spec.bridge_port:
+        return _run_hidden(spec, stdout, stderr, runner)
     try:
         child = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdin=subprocess.DEVNULL, stdout=stdout,
                                  stderr=stderr)
@@ -341,6 +348,36 @@ def _run(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int
     if _runner_gone_first(child.pid, runner, spec.harness_timeout_s or None):
         child.kill()
     return _exit_code(child.wait())
+
+
+def _run_hidden(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket) -> int:
+    """The harness as PID 1 of a PID namespace of its own, with that namespace's own `/proc` and no capabilities:
+    it sees only its own processes, none of forgerl's (this jail, the services, the runner, the recorder), and
+    cannot unmount that `/proc` or read another process's environment or memory. When it exits, the kernel kills
+    what it left; SIGTERM (the runner's) kills it."""
+    pid = _fork_child(lambda: _in_namespaces_of(CLONE_NEWPID, lambda: _exec_harness(spec, stdout, stderr),
+                                                stderr, runner), stderr)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+    if _runner_gone_first(pid, runner, spec.harness_timeout_s or None):
+        os.kill(pid, signal.SIGKILL)
+    return _status(os.waitpid(pid, 0)[1])
+
+
+def _exec_harness(spec: JailSpec, stdout: int, stderr: int) -> int:
+    """Become the harness (PID 1 of its namespace): its own `/proc`, its stdio, no capabilities (127 if it cannot
+    be started)."""
+    own_proc()
+    os.chdir(spec.cwd)
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+    os.closerange(3, 1 << 20)  # nothing of the jail's (its sockets, the runner's connection) goes with it
+    drop_capabilities()
+    try:
+        os.execvpe(spec.argv[0], spec.argv, spec.env)
+    except OSError as e:
+        os.write(2, f"forgerl-jail: cannot start {spec.argv[0]}: {e}\n".encode())
+    return 127
 
 
 def _status(wait_status: int) -> int:

@@ -24,9 +24,11 @@ from forgerl.harnesses import Harness
 from .attempt import AttemptConfig, inherited, run_attempt
 from .grading import Judge
 from .rollout import BatchRunner, Outcome, Rollout, now
+from .serve import rollout_keys
 from .simulated_user import UserModel
 
 STDERR_TAIL = 4000
+TOKEN_GRACE_S = 3600  # a rollout's token outlives its agent time by this (queueing, grading); closing revokes it
 
 
 @dataclass
@@ -45,6 +47,7 @@ class LocalRunner(BatchRunner):
     judge: Judge | None = None  # for graders with LLM-judged parts (ClawEval)
     user: UserModel | None = None  # the simulated user of tasks with a persona (ClawEval user_agent)
     exe: str = ""  # the harness CLI, found when a batch starts
+    recorder_secret: str = ""  # the recorder holds the keys: each rollout's harness gets a token (`rollout_keys`)
     pipelined = True
 
     def before_batch(self) -> None:
@@ -64,10 +67,13 @@ class LocalRunner(BatchRunner):
     def _run_in(self, tmp: Path, rollout: Rollout, session: str, timings: dict[str, float]) -> Outcome:
         """Run the attempt (`attempt.run_attempt`) under a harness slot; `timings` gets each phase's seconds."""
         t_start = now()
-        config = AttemptConfig(self.harness, self.exe, self.recorder_url, self.dataset, model=self.model,
-                               keys=dict(self.env), base_env=inherited(os.environ), timeout_s=self.timeout_s,
-                               judge=self.judge, isolate_network=self.isolate_network, user=self.user)
-        done = run_attempt(config, rollout.task, session, tmp, self.harness_slot, timings)
+        ttl_s = (self.timeout_s or rollout.task.timeout_s) + TOKEN_GRACE_S
+        with rollout_keys(self.harness, self.recorder_url, self.recorder_secret, session, ttl_s) as token:
+            config = AttemptConfig(self.harness, self.exe, self.recorder_url, self.dataset, model=self.model,
+                                   keys={**self.env, **token}, base_env=inherited(os.environ),
+                                   timeout_s=self.timeout_s, judge=self.judge, isolate_network=self.isolate_network,
+                                   user=self.user, recorder_secret=self.recorder_secret)
+            done = run_attempt(config, rollout.task, session, tmp, self.harness_slot, timings)
         extra = {**done.extra(), "harness_transcript": self.harness.own_transcript(done.ctx),
                  "stderr_tail": done.result.stderr[-STDERR_TAIL:] or None, "timings": timings}
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, done.scores,

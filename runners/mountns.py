@@ -26,6 +26,7 @@ _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x20, 0x1000, 0x4
 _KEPT_FLAGS = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # nosuid, nodev, noexec, noatime, nodiratime (ST_ = MS_ values)
 SCRATCH = frozenset({"tmp", "dev", "proc", "sys", "run"})  # stay writable: what programs expect to write
 _MNT_DETACH = 2
+_PROC_FLAGS = 0x2 | 0x4 | 0x8  # nosuid, nodev, noexec
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -87,6 +88,15 @@ def enter_root(new_root: str, binds: list[tuple[str, str]], writable: list[str] 
             bind(source, dest)
     _pivot_root(new_root)
     LIBC.umount2(new_root.encode(), _MNT_DETACH)  # the tmpfs as seen again through the bound parent
+
+
+def own_proc() -> None:
+    """In a fresh mount namespace: a procfs of this process's PID namespace over `/proc`, so `/proc` lists only
+    the processes of that namespace (none of forgerl's), with `hidepid=2` (a process that may not trace another,
+    such as one without capabilities, does not even see it). Call it as the first process of the namespace."""
+    unshare(CLONE_NEWNS)
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # the new /proc must not show outside
+    _mount("proc", "/proc", "proc", _PROC_FLAGS, "hidepid=2")
 
 
 def _read_only(path: str) -> None:

@@ -83,7 +83,7 @@ def prepare_workspace(task: Task, workspace: Path) -> None:
         raise InfraError(f"workspace setup failed: {e}") from None
 
 
-def durable_calls(recorder_url: str, dataset: Path, session: str, now: bool = False) -> int:
+def durable_calls(recorder_url: str, dataset: Path, session: str, now: bool = False, secret: str = "") -> int:
     """Once the recorder acknowledges the session's calls on disk, how many: InfraError for none.
 
     Every call was answered before the harness exited, but the recorder's
@@ -93,9 +93,10 @@ def durable_calls(recorder_url: str, dataset: Path, session: str, now: bool = Fa
     one with a call the recorder could not record whole (`CallsFailed`) would be
     graded on a transcript with a hole: it is retried instead.
     `now`: the recorder flushes at once instead of on its clock (`HarnessSlots.spare`).
+    `secret`: a recorder holding the keys wants it (`forge-run --hold-keys`).
     """
     try:
-        acknowledged = RecorderControl(recorder_url).flush(session, now)
+        acknowledged = RecorderControl(recorder_url, secret=secret).flush(session, now)
     except BarrierError as e:
         raise InfraError(f"recorder flush barrier: {e}") from None
     except CallsFailed as e:
@@ -108,10 +109,11 @@ def durable_calls(recorder_url: str, dataset: Path, session: str, now: bool = Fa
     return acknowledged
 
 
-def grade_session(task: Task, run: GradeInput, recorder_url: str, now: bool = False) -> dict[str, float]:
+def grade_session(task: Task, run: GradeInput, recorder_url: str, now: bool = False,
+                  secret: str = "") -> dict[str, float]:
     """The task's scores for a finished rollout, once the recorder has its calls on disk (flushed at once with
-    `now`)."""
-    durable_calls(recorder_url, run.dataset, run.session, now)
+    `now`; `secret`: the recorder's, where it holds the keys)."""
+    durable_calls(recorder_url, run.dataset, run.session, now, secret)
     try:
         return task.score(run)
     except GradingError as e:

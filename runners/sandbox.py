@@ -12,7 +12,10 @@ and every outcome records it):
   isolated: the harness is only pointed at the recorder.
 * processes: the jail is PID 1 of its own PID namespace (as `unshare --pid
   --fork --kill-child`), so every descendant dies with it, even ones that
-  `setsid` away.
+  `setsid` away. The harness itself is PID 1 of one more, nested PID
+  namespace with its own `/proc` (`hidepid=2`) and no capabilities: it
+  sees none of forgerl's processes and cannot read their environment
+  (the judge's, the user model's, the runner's keys) or memory.
   Without namespaces the jail is a child subreaper that kills what the
   harness left behind. Always also: the jail's process group is killed on
   timeout, and the rollout's cgroup (if any) is swept.
@@ -44,16 +47,27 @@ BRIDGE_PORT = 8787  # inside the rollout's own network namespace, any port is fr
 KILL_GRACE_S = 2.0
 CONFINE_TIMEOUT_S = 30.0
 SERVICE_STATE = "services.json"  # in the rollout's temp dir
-UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
+UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
 
 
 @functools.cache
 def can_unshare() -> bool:
-    """Whether network + PID namespaces can be made here (root or user namespaces)."""
+    """Whether network, PID and mount namespaces, with a procfs of their own, can be made here (root or user
+    namespaces)."""
     try:
         return subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def shared_proc_reason(isolate_network: bool) -> str:
+    """Why a harness here would see forgerl's processes (and could read their keys) in `/proc`; "" if it cannot.
+    Its jail then has no PID namespace of its own: no network isolation, or no `unshare` here."""
+    if not isolate_network:
+        return "network isolation is off, and with it the jail's PID namespace and its own /proc"
+    if not can_unshare():
+        return "unshare fails here (no CAP_SYS_ADMIN), so the jail has no PID namespace or /proc of its own"
+    return ""
 
 
 def own_memory_cgroup() -> tuple[Path, str] | None:
@@ -127,7 +141,8 @@ class Sandbox:
             self.enforced.append(f"process group + cgroup sweep; network not isolated by the runner ({why})")
             return spec
         url = urlsplit(self.recorder_url)
-        self.enforced.append("network namespace: recorder only; PID namespace")
+        self.enforced.append("network namespace: recorder only; PID namespace; harness with its own /proc, "
+                             "no capabilities")
         spec.bridge_port = BRIDGE_PORT
         spec.recorder_host, spec.recorder_port = url.hostname, url.port
         return spec

@@ -10,10 +10,16 @@ harness's model calls are not slowed by the rollouts around it, and the two
 do not spend CPU handing the GIL back and forth (`bench/runner.py`). The
 runner starts it on a free loopback port, knows it is up from its readiness
 endpoint (`recorder/control.py`), and stops it afterwards.
+
+Given a `secret` (`forge-run --hold-keys`) the recorder holds the model-API
+keys (`recorder/credentials.py`): it starts with `--hold-keys`, the real keys
+in its environment and the secret beside them, and `rollout_keys` registers
+each rollout with it and gives the harness its token where the key goes.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -26,7 +32,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from forgerl.errors import UserError
+from forgerl.harnesses import Harness, Key
 from forgerl.recorder.control import RecorderControl
+from forgerl.recorder.credentials import MAX_TTL_S, SECRET_ENV
 from forgerl.recorder.proxy import free_port
 from forgerl.recorder.writer_process import RecorderFailure
 
@@ -43,22 +51,25 @@ def forge_record() -> str:
     return str(beside) if beside.exists() else shutil.which("forge-record") or "forge-record"
 
 
-def upstream_recorder(out: Path, upstream: str, policy_version: str = "", redact_rules: str = "") -> Iterator[str]:
+def upstream_recorder(out: Path, upstream: str, policy_version: str = "", redact_rules: str = "",
+                      secret: str = "") -> Iterator[str]:
     """`forge-record serve --upstream URL` (every API to one origin) for the duration; yields its URL."""
-    return recorder_process(out, ["--upstream", upstream], policy_version, redact_rules)
+    return recorder_process(out, ["--upstream", upstream], policy_version, redact_rules, secret)
 
 
 def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
-                    policy_version: str = "", redact_rules: str = "") -> Iterator[str]:
+                    policy_version: str = "", redact_rules: str = "", secret: str = "") -> Iterator[str]:
     """`forge-record serve --policy ...` for the duration; yields its URL."""
     return recorder_process(out, ["--policy", policy, "--tokenizer", tokenizer, "--served-model", served_model],
-                            policy_version, redact_rules)
+                            policy_version, redact_rules, secret)
 
 
 @contextmanager
-def recorder_process(out: Path, options: list[str], policy_version: str = "", redact_rules: str = "") -> Iterator[str]:
+def recorder_process(out: Path, options: list[str], policy_version: str = "", redact_rules: str = "",
+                     secret: str = "") -> Iterator[str]:
     """`forge-record serve OPTIONS` on a free loopback port, writing `out`, until the block ends; yields its URL.
-    `redact_rules`: a file of extra redaction regexes (`--redact-rules`).
+    `redact_rules`: a file of extra redaction regexes (`--redact-rules`). `secret`: it holds the keys
+    (`--hold-keys`, the secret in its environment); its control endpoints want the secret.
 
     Bad input it reports (exit status 2) is a `UserError` with its message; any other failure to start a
     RuntimeError with its last log line.
@@ -69,14 +80,17 @@ def recorder_process(out: Path, options: list[str], policy_version: str = "", re
         cmd += ["--policy-version", policy_version]
     if redact_rules:
         cmd += ["--redact-rules", redact_rules]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    if secret:
+        cmd += ["--hold-keys"]
+    env = {**os.environ, SECRET_ENV: secret} if secret else None  # the model-API keys are in os.environ
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             preexec_fn=_ends_with_this_thread)
     log: deque[str] = deque(maxlen=20)
     drain = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)  # keep draining its log
     drain.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        RecorderControl(url).wait_ready(READY_TIMEOUT_S, alive=lambda: proc.poll() is None)
+        RecorderControl(url, secret=secret).wait_ready(READY_TIMEOUT_S, alive=lambda: proc.poll() is None)
     except (RuntimeError, RecorderFailure) as e:  # exited, never ready, or ready but not recording
         proc.kill()
         status = proc.wait()
@@ -100,3 +114,19 @@ def _ends_with_this_thread() -> None:
     """In the recorder's process before exec: SIGTERM once the thread that started it is gone, so a runner killed
     outright (kill -9) does not leave its recorder listening; it still writes what it holds before it exits."""
     die_with_parent(signal.SIGTERM)
+
+
+@contextmanager
+def rollout_keys(harness: Harness, recorder_url: str, secret: str, session: str, ttl_s: float) -> Iterator[dict]:
+    """The environment that gives a rollout's harness its key: with a `secret` (a recorder holding the keys), a
+    token for `session` in the harness's key variable, valid `ttl_s` (capped at a day) and revoked when the block
+    ends (after the rollout's final flush barrier); without one, nothing (the harness's key is the user's)."""
+    if not secret or not isinstance(harness.key, Key):
+        yield {}
+        return
+    control = RecorderControl(recorder_url, secret=secret)
+    token = control.register(session, min(int(ttl_s), MAX_TTL_S))
+    try:
+        yield {harness.key.env: token}
+    finally:
+        control.close(session)

@@ -27,8 +27,10 @@ FORGE_RECORD = shutil.which("forge-record") or str(Path(sys.executable).with_nam
 class RecorderProcess:
     """`forge-record serve` in a subprocess: the real CLI, killable with -9."""
 
-    def __init__(self, out: Path, upstream: str | None, *extra: str, env: dict[str, str] | None = None):
+    def __init__(self, out: Path, upstream: str | None, *extra: str, env: dict[str, str] | None = None,
+                 secret: str = ""):
         self.out = out
+        self.secret = secret  # the control endpoints' (--hold-keys)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [FORGE_RECORD, "serve", *(["--upstream", upstream] if upstream else []),
@@ -40,7 +42,7 @@ class RecorderProcess:
         env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         try:
-            RecorderControl(self.url).wait_ready(60, alive=lambda: self.proc.poll() is None)
+            RecorderControl(self.url, secret=self.secret).wait_ready(60, alive=lambda: self.proc.poll() is None)
         except RuntimeError:
             self.proc.kill()
             raise RuntimeError(f"forge-record serve did not start: {self.proc.stdout.read()}") from None

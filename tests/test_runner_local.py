@@ -119,13 +119,16 @@ def test_a_grade_that_reads_files_alone_is_run_by_the_jail_once_nothing_of_the_h
     """No grade process of its own (3-4 ms of CPU a rollout), and nothing the harness left running (here a daemon
     in a session of its own) is there to change the workspace under the grade: it is killed first."""
     monkeypatch.setattr(grading, "fork_grade", lambda *a, **k: pytest.fail("graded in a process of its own"))
-    code = ("import pathlib, subprocess\n"
-            "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-            "pathlib.Path('daemon.pid').write_text(str(p.pid))\n")
-    grader = ("import os\n"
-              "try:\n    os.kill(int((ws / 'daemon.pid').read_text()), 0)\n    gone = 0.0\n"
-              "except ProcessLookupError:\n    gone = 1.0\n"
-              "return {'daemon_gone': gone}")
+    marker = f"forgerl-daemon-{uuid.uuid4().hex[:8]}"  # its pid is its own PID namespace's: found by command line
+    code = ("import subprocess\n"
+            f"subprocess.Popen(['python3', '-c', 'import time; time.sleep(300) # {marker}'], start_new_session=True)\n")
+    grader = ("found = 0.0\n"
+              "for p in Path('/proc').iterdir():\n"
+              "    try:\n"
+              f"        found += {marker.encode()!r} in (p / 'cmdline').read_bytes()\n"
+              "    except OSError:\n"
+              "        pass\n"
+              "return {'daemon_gone': float(not found)}")
     outcome, _ = run(stack, code, isolate=isolate, grader=grader)
     assert outcome.status == "success" and outcome.scores == {"daemon_gone": 1.0}, (outcome.error, outcome.scores)
 
@@ -158,24 +161,18 @@ def dns_says_no_such_name():  # asked raw, as musl-based harnesses (Codex) do: a
     s.sendto(bytes.fromhex("abcd01000001000000000000076578616d706c6503636f6d0000010001"), (ns, 53))
     reply = s.recv(512)
     return float(reply[:2] == bytes.fromhex("abcd") and reply[3] & 0x0F == 3)
-def jail_is_one_process():  # PID 1, forked by the fork server itself: no process of the jail's outside
-    pid = int(os.readlink("/proc/self"))  # the machine's /proc: pids (and PPid) as the machine numbers them
-    field = lambda pid, name: open(f"/proc/{{pid}}/status").read().split(name + ":")[1].split("\\n")[0].split()
-    while len(field(pid, "NSpid")) > 1:  # still in the rollout's PID namespace
-        pid = int(field(pid, "PPid")[0])
-    parent = int(field(pid, "PPid")[0])
-    server = lambda pid: b"forgerl.runners.forkserver" in open(f"/proc/{{pid}}/cmdline", "rb").read()
-    return float(server(pid) and not server(parent))
+def sees_only_itself():  # PID 1 of a PID namespace with its own /proc: no process of forgerl's in sight
+    return float(os.getpid() == 1 and [p for p in os.listdir("/proc") if p.isdigit()] == ["1"])
 with urllib.request.urlopen(f"{{base}}/s/{{session}}/v1/models", timeout=10) as r:
     recorder = float(r.status == 200 and b"data" in r.read())
 scores = {{"recorder": recorder, "upstream_direct": refused("127.0.0.1", {port}),
           "host": refused("{host_ip}", {port}), "internet": refused("1.1.1.1", 443), "dns": dns_says_no_such_name(),
-          "one_process": jail_is_one_process()}}
+          "own_proc": sees_only_itself()}}
 pathlib.Path("out.json").write_text(json.dumps(scores))
 """
     outcome, _ = run(stack, code)
     assert json.loads(outcome.row()["scores"]) == {"recorder": 1.0, "upstream_direct": 1.0, "host": 1.0,
-                                                   "internet": 1.0, "dns": 1.0, "one_process": 1.0}
+                                                   "internet": 1.0, "dns": 1.0, "own_proc": 1.0}
     assert any("network namespace" in e for e in outcome.extra["enforced"])
 
 
