@@ -152,7 +152,7 @@ def test_claweval_fixtures_shared_with_another_task_are_found_as_claweval_finds_
     [loaded] = load_tasks(CLAWEVAL / "tasks" / task)
     rel = "tasks/T021zh_newsletter_curation/fixtures/rss/articles.json"
     assert loaded.unavailable == ""
-    assert [(f.source, f.dest) for f in loaded.files] == [(CLAWEVAL / rel, rel)]
+    assert [(f.source.resolve(), f.dest) for f in loaded.files] == [((CLAWEVAL / rel).resolve(), rel)]
     prepare_workspace(loaded, tmp_path / "workspace")
     assert (tmp_path / "workspace" / rel).read_bytes() == (CLAWEVAL / rel).read_bytes()
 
