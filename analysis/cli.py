@@ -1,7 +1,7 @@
 """`forge-analyze`: measure harness behaviour over a recorded dataset with DuckDB.
 
-    forge-analyze report DATASET [--by COLUMN] [--out report.html]
-    forge-analyze compare DATASET --a COLUMN=VALUE --b COLUMN=VALUE [--json]
+    forge-analyze report DATASET [--by COLUMN] [--out report.html] [--task-ids FILE | --task-glob GLOB]
+    forge-analyze compare DATASET --a COLUMN=VALUE --b COLUMN=VALUE [--per COLUMN] [--task-ids FILE] [--json]
     forge-analyze sql DATASET "SELECT ..." [--format table|csv|json]
     forge-analyze views
     forge-analyze pass-rates DATASET [--policy-version V] [--harness H] [--model M]
@@ -32,11 +32,12 @@ from forgerl.errors import UserError
 from forgerl.schema.attempts import Scope, pass_rate_rows
 
 from . import connect
-from .compare import Side, compare
+from .compare import Side, compare, compare_per
 from .groups import FIXED, OUTCOME
 from .pass_rates import rates_table
 from .gui import screenshot_strip
-from .report import build, comparison_table, table, to_html
+from .report import build, comparison_table, pass_rate_table, per_group_table, table, to_html
+from .tasksets import TaskSet
 from .viewer.server import DEFAULT_LISTEN, parse_listen, serve
 from .views import VIEWS
 
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--viewer", metavar="URL", help="link group names to `forge-analyze view` at this URL")
     report.add_argument("--screenshots", metavar="SESSION", help="show this session's screenshots as a strip in "
                         "the HTML report (GUI agents; needs --out)")
+    _task_set_options(report, "the held-out tasks: the pass-rate learning curves split them from the rest (train), "
+                              "and the first-vs-last comparison runs on them")
     sql = sub.add_parser("sql", help="run a query with every table and view registered")
     sql.add_argument("dataset")
     sql.add_argument("query")
@@ -79,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0): same seed, same intervals")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cmp.add_argument("--per", metavar="COLUMN", help="compare within each value of this column (e.g. harness): "
+                                                     "one row per value, pass@1 of each side and B - A")
+    _task_set_options(cmp, "compare only on these tasks (e.g. the held-out ones)")
     view = sub.add_parser("view", help="browse sessions, calls and token-level samples in a local web app")
     view.add_argument("dataset")
     view.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
@@ -87,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
                                           "and re-renders samples to show drift from the engine's ids")
     _threads_option(view)
     return parser
+
+
+def _task_set_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--task-ids / --task-glob, read with `TaskSet.from_options`."""
+    parser.add_argument("--task-ids", metavar="FILE", help=f"a file of task ids, one a line: {what}")
+    parser.add_argument("--task-glob", metavar="GLOB", help="the task ids matching this shell pattern, instead of "
+                                                            "--task-ids")
 
 
 def _threads_option(parser: argparse.ArgumentParser) -> None:
@@ -108,12 +121,16 @@ def _report(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: no such directory {out.parent}")
     if args.screenshots and not out:
         raise UserError("--screenshots draws into the HTML report: give --out too")
+    task_set = TaskSet.from_options(args.task_ids, args.task_glob)  # a bad file fails before the dataset is read
     con = connect(args.dataset, threads=threads, materialize=True)
-    report = build(con, args.by)
+    report = build(con, args.by, task_set)
     strip = screenshot_strip(con, args.screenshots) if args.screenshots else ""
     title = f"forgerl behaviour report: {Path(args.dataset).resolve().name}"
     page = to_html(report, title, viewer=args.viewer, screenshots=strip) if out else None
     printer.show(table(report))
+    if report.pass_rates is not None:
+        print()
+        printer.show(pass_rate_table(report))
     if out:
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(page)
@@ -162,14 +179,24 @@ def _cell(value: object, width: int = 60) -> str:
 
 def _compare(args: argparse.Namespace) -> int:
     a, b = Side.parse(args.a, "--a"), Side.parse(args.b, "--b")
-    c = compare(connect(args.dataset, materialize=True), a, b, confidence=args.confidence, resamples=args.resamples,
-                seed=args.seed)
-    if args.json:
-        print(json.dumps({"a": str(c.a), "b": str(c.b), "tasks": c.tasks, "confidence": c.confidence,
-                          "resamples": c.resamples, "seed": c.seed, "method": "paired task-level bootstrap, percentile",
-                          "metrics": [r.as_dict() for r in c.rows]}, indent=2))
+    task_set = TaskSet.from_options(args.task_ids, args.task_glob)  # a bad file fails before the dataset is read
+    con = connect(args.dataset, materialize=True)
+    if task_set is not None:
+        task_set.check(con)
+    options = dict(confidence=args.confidence, resamples=args.resamples, seed=args.seed, task_set=task_set)
+    if args.per is None:
+        c = compare(con, a, b, **options)
+        if args.json:
+            print(json.dumps(c.as_dict(), indent=2))
+        else:
+            printer.show(comparison_table(c))
         return 0
-    printer.show(comparison_table(c))
+    done, notes = compare_per(con, a, b, args.per, **options)
+    if args.json:
+        print(json.dumps({"per": args.per, "groups": [{args.per: c.where[0].value, **c.as_dict()} for c in done],
+                          "skipped": notes}, indent=2))
+        return 0
+    printer.show(per_group_table(done, args.per, notes))
     return 0
 
 

@@ -16,6 +16,10 @@ the tasks both sides attempted. Method (also in analysis/README.md):
   requested confidence. Replicates whose draw leaves a metric undefined (no
   sessions with writes, no failure episodes) are left out, and the interval
   is undefined when fewer than half remain.
+
+A task set (`tasksets.TaskSet`, `--task-ids` / `--task-glob`) restricts both
+sides to its tasks (held-out tasks, say); `where` restricts both to one value
+of other columns, which is how `compare_per` compares within each harness.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from forgerl.errors import UserError
 
 from . import groups
 from .reliability import pass_at_k, pass_pow_k
+from .tasksets import TaskSet
 
 # (metric, what it is, numerator column, denominator column) of the per-task sums `_task_sums` computes.
 RATES: tuple[tuple[str, str, str, str], ...] = (
@@ -53,12 +58,12 @@ SELECT task, count(*) AS sessions,
        coalesce(sum(tool_coverage), 0) AS coverage, count(tool_coverage) AS offered,
        sum(plan_completed) AS plan_completed, sum(plan_items) AS plan_items,
        sum(turns) AS turns, sum(cost_usd) AS cost
-FROM session_metrics JOIN (SELECT session_id FROM session_groups WHERE {key} = ?) USING (session_id)
+FROM session_metrics JOIN (SELECT session_id FROM session_groups WHERE {where}) USING (session_id)
 GROUP BY task
 """
 _TASK_PASSES = """
 SELECT task, count(*) AS n, count(*) FILTER (WHERE passed) AS c FROM attempts
-WHERE {key} = ? GROUP BY task
+WHERE {where} GROUP BY task
 """
 
 
@@ -120,6 +125,19 @@ class Comparison:
     seed: int
     tasks: list[str]
     rows: list[Row]
+    task_set: TaskSet | None = None
+    where: tuple[Side, ...] = ()
+
+    def row(self, metric: str) -> Row | None:
+        """The row of `metric` (None when the comparison has none, e.g. pass@1 without graded tasks)."""
+        return next((r for r in self.rows if r.metric == metric), None)
+
+    def as_dict(self) -> dict:
+        """JSON-ready: the sides, tasks, method and every metric."""
+        return {"a": str(self.a), "b": str(self.b), "where": [str(w) for w in self.where],
+                "task_set": None if self.task_set is None else str(self.task_set), "tasks": self.tasks,
+                "confidence": self.confidence, "resamples": self.resamples, "seed": self.seed,
+                "method": "paired task-level bootstrap, percentile", "metrics": [r.as_dict() for r in self.rows]}
 
 
 def resample(units: int, resamples: int, seed: int) -> np.ndarray:
@@ -157,41 +175,74 @@ def paired(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_b: np.nd
             percentile_interval(rb - ra, confidence))
 
 
-def _fetch(con: duckdb.DuckDBPyConnection, sql: str, side: Side) -> dict[str, dict]:
-    cur = con.execute(sql.format(key=groups.key(groups.column(con, side.column))), [side.value])
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, sides: tuple[Side, ...],
+           task_set: TaskSet | None) -> dict[str, dict]:
+    """Per-task rows of the sessions (or attempts) that have every one of `sides`, on `task_set`'s tasks."""
+    where = " AND ".join(f"{groups.key(groups.column(con, s.column))} = ?" for s in sides)
+    cur = con.execute(sql.format(where=where), [s.value for s in sides])
     names = [d[0] for d in cur.description]
-    return {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
+    return {row[0]: dict(zip(names, row)) for row in cur.fetchall() if task_set is None or row[0] in task_set}
 
 
 def compare(con: duckdb.DuckDBPyConnection, a: Side, b: Side, *, confidence: float = 0.95, resamples: int = 2000,
-            seed: int = 0) -> Comparison:
-    """Compare sides `a` and `b` over the tasks both hold (UserError if they share none)."""
-    if not 0 < confidence < 1:
-        raise UserError(f"--confidence must be between 0 and 1, got {confidence}")
-    if resamples < 100:
-        raise UserError(f"--resamples must be at least 100, got {resamples}")
-    for flag, side in (("--a", a), ("--b", b)):
-        groups.column(con, side.column, flag)  # an unknown column: UserError naming the flag and the choices
-    sums_a, sums_b = _fetch(con, _TASK_SUMS, a), _fetch(con, _TASK_SUMS, b)
+            seed: int = 0, task_set: TaskSet | None = None, where: tuple[Side, ...] = ()) -> Comparison:
+    """Compare sides `a` and `b` (both narrowed to `where` and `task_set`) over the tasks both hold (UserError if
+    they share none)."""
+    _check(con, a, b, tuple(w.column for w in where), confidence, resamples)
+    sums_a, sums_b = (_fetch(con, _TASK_SUMS, (s, *where), task_set) for s in (a, b))
+    scope = "".join(f" and {w}" for w in where) + ("" if task_set is None else f" on {task_set}")
     for side, sums in ((a, sums_a), (b, sums_b)):
         if not sums:
-            raise UserError(f"no sessions have {side}")
+            raise UserError(f"no sessions have {side}{scope}")
     tasks = sorted(sums_a.keys() & sums_b.keys())
     if not tasks:
-        raise UserError(f"{a} and {b} share no task, so there is nothing to pair")
+        raise UserError(f"{a} and {b} share no task{scope}, so there is nothing to pair")
     draws = resample(len(tasks), resamples, seed)
     rows = []
     for metric, doc, num, den in RATES:
         cols = [np.array([float(s[t][c] or 0) for t in tasks]) for s in (sums_a, sums_b) for c in (num, den)]
         rows.append(Row(metric, doc, len(tasks), *paired(*cols, draws, confidence)))
-    rows += _pass_rows(con, a, b, tasks, resamples, seed, confidence)
-    return Comparison(a, b, confidence, resamples, seed, tasks, rows)
+    passes_a, passes_b = (_fetch(con, _TASK_PASSES, (s, *where), task_set) for s in (a, b))
+    rows += _pass_rows(passes_a, passes_b, tasks, resamples, seed, confidence)
+    return Comparison(a, b, confidence, resamples, seed, tasks, rows, task_set, where)
 
 
-def _pass_rows(con: duckdb.DuckDBPyConnection, a: Side, b: Side, tasks: list[str], resamples: int, seed: int,
+def _check(con: duckdb.DuckDBPyConnection, a: Side, b: Side, per: tuple[str, ...], confidence: float,
+           resamples: int) -> None:
+    """UserError for an interval setting out of range or a column the dataset lacks (naming the flag)."""
+    if not 0 < confidence < 1:
+        raise UserError(f"--confidence must be between 0 and 1, got {confidence}")
+    if resamples < 100:
+        raise UserError(f"--resamples must be at least 100, got {resamples}")
+    for flag, name in (("--a", a.column), ("--b", b.column), *(("--per", c) for c in per)):
+        groups.column(con, name, flag)  # an unknown column: UserError naming the flag and the choices
+
+
+def compare_per(con: duckdb.DuckDBPyConnection, a: Side, b: Side, per: str, *, confidence: float = 0.95,
+                resamples: int = 2000, seed: int = 0, task_set: TaskSet | None = None) -> \
+        tuple[list[Comparison], list[str]]:
+    """`compare` within each value of column `per` (each harness, say), in natural order; a value on which the
+    two sides cannot be paired is left out and said in the notes (UserError if every value is)."""
+    _check(con, a, b, (per,), confidence, resamples)
+    expr = groups.key(groups.column(con, per))
+    sides = " OR ".join(f"{groups.key(groups.column(con, s.column))} = ?" for s in (a, b))
+    values = [r[0] for r in con.execute(f"SELECT DISTINCT {expr} FROM session_groups WHERE {sides}",
+                                        [a.value, b.value]).fetchall()]
+    done, notes = [], []
+    for value in sorted(values, key=natural_key):
+        try:
+            done.append(compare(con, a, b, confidence=confidence, resamples=resamples, seed=seed,
+                                task_set=task_set, where=(Side(per, value),)))
+        except UserError as e:  # this value lacks a side or a shared task: the others still compare
+            notes.append(f"{per}={value}: {e}")
+    if not done:
+        raise UserError(f"no {per} has both sides to pair: {'; '.join(notes)}")
+    return done, notes
+
+
+def _pass_rows(passes_a: dict[str, dict], passes_b: dict[str, dict], tasks: list[str], resamples: int, seed: int,
                confidence: float) -> list[Row]:
     """pass@k and pass^k for k up to the fewest attempts of any task graded on both sides."""
-    passes_a, passes_b = _fetch(con, _TASK_PASSES, a), _fetch(con, _TASK_PASSES, b)
     graded = [t for t in tasks if t in passes_a and t in passes_b]
     if not graded:
         return []

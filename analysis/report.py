@@ -5,7 +5,10 @@ The numbers come from `groups.metrics_by` / `pass_curve_by` (the
 plots are matplotlib figures inlined as SVG, so the HTML file needs nothing
 but itself. When the dataset holds two or more policy versions the page adds
 "what changed": the first version against the last with paired bootstrap
-intervals, and each behaviour's learning curve over the versions per harness.
+intervals, and each behaviour's learning curve over the versions per harness;
+and the pass rate per policy version per harness with its interval
+(`learning.py`), split held-out / train when a task set is given (the
+comparison then runs on the held-out tasks).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from forgerl.errors import UserError
 
 from . import groups
 from .compare import Comparison, Side, compare, learning_curves, natural_key, policy_versions
+from .learning import Point, pass_rate_curves
+from .tasksets import TaskSet
 
 # (column, header, format) of the terminal and HTML tables.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -56,6 +61,8 @@ class Report:
     sessions: int
     changes: Comparison | None = None  # first policy version against the last, when there are two or more
     learning: list[dict] | None = None  # metrics per harness and policy version (`compare.learning_curves`)
+    pass_rates: list[Point] | None = None  # pass rate per harness, split and version (`learning.pass_rate_curves`)
+    task_set: TaskSet | None = None  # the held-out tasks the pass rates split by and `changes` is restricted to
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
@@ -64,21 +71,26 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def build(con: duckdb.DuckDBPyConnection, by: str = "harness") -> Report:
+def build(con: duckdb.DuckDBPyConnection, by: str = "harness", task_set: TaskSet | None = None) -> Report:
     """Compute everything the report shows (`by`: any `groups.choices`, else UserError; `con` best from
-    `connect(materialize=True)`)."""
+    `connect(materialize=True)`; `task_set`: the held-out tasks, UserError if the dataset grades none of them)."""
+    if task_set is not None:
+        task_set.check(con)
     expr = groups.column(con, by)
     tools_sql = (f"SELECT grp, tool_name, kind, count(*) AS calls FROM tool_calls JOIN (SELECT session_id, "
                  f"{groups.key(expr)} AS grp FROM session_groups) USING (session_id) "
                  f"GROUP BY ALL ORDER BY grp, calls DESC, tool_name")
     report = Report(by=by, groups=_rows(con, groups.metrics_by(expr, by)),
                     curves=_rows(con, groups.pass_curve_by(expr, by)), tools=_rows(con, tools_sql),
-                    sessions=con.execute("SELECT count(*) FROM session_metrics").fetchone()[0])
+                    sessions=con.execute("SELECT count(*) FROM session_metrics").fetchone()[0], task_set=task_set)
     versions = policy_versions(con)
+    if len(versions) >= 2 or task_set is not None:
+        report.pass_rates = pass_rate_curves(con, task_set)
     if len(versions) >= 2:
         report.learning = learning_curves(con)
         try:
-            report.changes = compare(con, Side("policy_version", versions[0]), Side("policy_version", versions[-1]))
+            report.changes = compare(con, Side("policy_version", versions[0]), Side("policy_version", versions[-1]),
+                                     task_set=task_set)
         except UserError:  # the two versions share no task: the curves still show, the paired deltas cannot
             report.changes = None
     return report
@@ -101,6 +113,22 @@ def table(report: Report) -> Table:
     headers = [report.by, *(h for _, h, _ in COLUMNS)]
     body = [[str(g[report.by]), *(_fmt(g[c], k) for c, _, k in COLUMNS)] for g in report.groups]
     return printer.table(headers, body, caption=None if body else "(no sessions)")
+
+
+def pass_rate_cells(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the learning curves: pass rate per harness, split and policy version."""
+    headers = ["harness", "split", "policy", "tasks", "attempts", "passed", "pass rate", "95% CI"]
+    rows = [[p.harness, p.split, p.policy_version, str(p.tasks), str(p.attempts), str(p.passed),
+             _fmt(p.pass_rate, "pct"), _ci(p.interval, "pct")] for p in report.pass_rates or []]
+    return headers, rows
+
+
+def pass_rate_table(report: Report) -> Table:
+    """The learning curves as a table (what `forge-analyze report` prints after the metrics)."""
+    headers, rows = pass_rate_cells(report)
+    split = "" if report.task_set is None else f"; held-out = {report.task_set}, train = the other tasks"
+    return printer.table(headers, rows, left=3, caption=None if rows else "(no graded attempts with a policy version)",
+                         title=f"pass rate per policy version (mean over tasks; 95% task bootstrap{split})")
 
 
 # --- plots ------------------------------------------------------------------------------------
@@ -211,6 +239,35 @@ def learning_plot(report: Report) -> str:
     return _svg(fig)
 
 
+def pass_rate_plot(report: Report) -> str:
+    """One panel per split (held-out, train; or all): pass rate per policy version with its interval as an error
+    bar, a line per harness (shifted a little sideways, so the bars do not hide each other)."""
+    points = report.pass_rates or []
+    versions = sorted({p.policy_version for p in points}, key=natural_key)
+    splits = list(dict.fromkeys(p.split for p in points)) or ["all"]
+    harnesses = list(dict.fromkeys(p.harness for p in points))
+    fig, axes = _figure(4.5 * len(splits), 3.4, ncols=len(splits))
+    for ax, split in zip(axes if len(splits) > 1 else [axes], splits):
+        for i, harness in enumerate(harnesses):
+            line = [p for p in points if p.harness == harness and p.split == split]
+            if not line:
+                continue
+            shift = 0.05 * (i - (len(harnesses) - 1) / 2)
+            xs = [versions.index(p.policy_version) + shift for p in line]
+            ys = [p.pass_rate for p in line]
+            err = [[y - (p.interval.low if p.interval else y) for p, y in zip(line, ys)],
+                   [(p.interval.high if p.interval else y) - y for p, y in zip(line, ys)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=harness)
+        ax.set_xticks(range(len(versions)), versions, fontsize=8)
+        ax.set_title(f"{split} tasks", fontsize=10)
+        ax.set_xlabel("policy version")
+        ax.set_ylim(-0.02, 1.05)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    (axes[0] if len(splits) > 1 else axes).set_ylabel("pass rate")
+    return _svg(fig)
+
+
 # --- comparisons --------------------------------------------------------------------------------
 
 
@@ -250,6 +307,24 @@ def comparison_table(c: Comparison) -> Table:
                          f"bootstrap, {c.resamples} resamples, seed {c.seed}")
 
 
+def per_group_table(comparisons: list[Comparison], per: str, notes: list[str]) -> Table:
+    """`compare --per`: one row per group, pass@1 of each side and B - A with their intervals (the behaviour
+    metrics are in `--json`); groups that could not be paired are listed under it."""
+    first = comparisons[0]
+    pct = f"{100 * first.confidence:g}% CI"
+    headers = [per, "tasks", f"A {first.a}", pct, f"B {first.b}", pct, "B - A", pct]
+    rows = []
+    for c in comparisons:
+        r = c.row("pass@1")
+        cells = ["-"] * 6 if r is None else [_fmt(r.a, "pct"), _ci(r.a_ci, "pct"), _fmt(r.b, "pct"),
+                                             _ci(r.b_ci, "pct"), _delta(r.delta, "pct"), _ci(r.delta_ci, "pct")]
+        rows.append([c.where[0].value, str(len(c.tasks) if r is None else r.tasks), *cells])
+    on = "" if first.task_set is None else f" on {first.task_set}"
+    return printer.table(headers, rows, caption="\n".join(notes) or None,
+                         title=f"pass@1 per {per}{on}: {first.a} (A) vs {first.b} (B), paired task bootstrap, "
+                               f"{first.resamples} resamples, seed {first.seed}")
+
+
 # --- HTML -------------------------------------------------------------------------------------
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}
@@ -266,23 +341,41 @@ def _group_cell(report: Report, value: object, viewer: str | None) -> str:
     return f'<td><a href="{html.escape(viewer)}#/?{urlencode({report.by: str(value)})}">{text}</a></td>'
 
 
+def _html_table(table_id: str, headers: list[str], rows: list[list[str]]) -> str:
+    esc = html.escape
+    return (f'<table id="{table_id}"><tr>' + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>" +
+            "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in rows) + "</table>")
+
+
+def pass_rate_section(report: Report) -> str:
+    """The learning curves: pass rate per policy version per harness (held-out and train apart), table and plot."""
+    if report.pass_rates is None:
+        return ""
+    split = ("" if report.task_set is None else
+             f" Held-out: {html.escape(str(report.task_set))}; train: every other task.")
+    return ('<h2 id="learning">Pass rate per policy version</h2>'
+            f"<p>Mean over tasks of each task's pass rate (infra errors are not attempts), with 95% intervals from "
+            f"a task-level bootstrap (analysis/README.md).{split}</p>"
+            + _html_table("pass-rates", *pass_rate_cells(report)) +
+            f'<figure id="pass-rate-curves" class="plot">{pass_rate_plot(report)}<figcaption>Pass rate per policy '
+            "version, one line per harness, error bars the 95% intervals.</figcaption></figure>")
+
+
 def what_changed(report: Report) -> str:
     """The "what changed" section: first against last policy version with intervals, and the learning curves."""
     if report.learning is None:
         return ""
     esc = html.escape
     parts = ['<h2 id="what-changed">What changed across policy versions</h2>']
+    on = "" if report.task_set is None else f" of {esc(str(report.task_set))}"
     if report.changes is None:
-        parts.append("<p>The first and last policy versions share no task, so no paired deltas.</p>")
+        parts.append(f"<p>The first and last policy versions share no task{on}, so no paired deltas.</p>")
     else:
         c = report.changes
-        headers, rows = comparison_cells(c)
-        parts.append(f"<p>{esc(str(c.a))} (A) against {esc(str(c.b))} (B) on the {len(c.tasks)} tasks both "
+        parts.append(f"<p>{esc(str(c.a))} (A) against {esc(str(c.b))} (B) on the {len(c.tasks)} tasks{on} both "
                      f"attempted: {100 * c.confidence:g}% percentile intervals from a paired task-level bootstrap "
                      f"({c.resamples} resamples, seed {c.seed}; analysis/README.md).</p>")
-        parts.append('<table id="changes"><tr>' + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>" +
-                     "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in rows) +
-                     "</table>")
+        parts.append(_html_table("changes", *comparison_cells(c)))
     parts.append(f'<figure id="learning-curves" class="plot">{learning_plot(report)}<figcaption>Each behaviour '
                  "per policy version, one line per harness: how fast each harness learns.</figcaption></figure>")
     return "".join(parts)
@@ -309,6 +402,7 @@ def to_html(report: Report, title: str, viewer: str | None = None, screenshots: 
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
             f"<p>{report.sessions} sessions, grouped by {esc(report.by)}; generated {stamp}.</p>"
-            f"<table id=\"metrics\"><tr>{head}</tr>{rows}</table>{screenshots}{figures}{what_changed(report)}"
+            f"<table id=\"metrics\"><tr>{head}</tr>{rows}</table>{screenshots}{figures}{pass_rate_section(report)}"
+            f"{what_changed(report)}"
             f"<h2>Calls per tool</h2><table class=\"tools\"><tr><th>{esc(report.by)}</th><th>tool</th><th>kind</th>"
             f"<th>calls</th></tr>{tool_rows}</table></body></html>\n")

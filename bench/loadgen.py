@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -41,7 +42,8 @@ def chat_body(stream: bool) -> bytes:
 
 STREAM_BODY = chat_body(True)
 PLAIN_BODY = chat_body(False)
-HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+HEADERS = {"content-type": "application/json",  # FORGE_BENCH_KEY: a token, for a recorder holding the keys
+           "authorization": f"Bearer {os.environ.get('FORGE_BENCH_KEY', 'sk-bench')}"}
 
 
 def new_session(limit: int = 0) -> aiohttp.ClientSession:

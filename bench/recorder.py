@@ -15,6 +15,14 @@ The same load goes through each configuration in turn:
                         recording in a writer process; see recorder/proxy.py and writer_process.py)
     mitmdump-tuned      bare mitmdump + the TUNED options below
     forge-addon-tuned   `mitmdump -q -s recorder/addon.py --mode ... --set forge_out=DIR` + TUNED
+    forge-record-keys   forge-record + `--hold-keys`: the client sends a capability token, the recorder checks
+                        it and swaps in the real key (recorder/credentials.py)
+
+"Holding the keys" compares forge-record-keys with forge-record: the swap's
+CPU per call, in process (`KeyHolder.swap` on a call's headers, µs), and the
+added TTFT p50 and proxy CPU per request, each paired within a trial (and
+cell) as the rest of the bench pairs against direct, with a 95% t-interval
+over those pairs.
 
 Trials are interleaved (every configuration once per trial, in rotated
 order) and the tables show the median over trials of each per-trial figure,
@@ -44,6 +52,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from forgerl import printer
+from forgerl.recorder.credentials import MAX_TTL_S, SECRET_ENV, KeyHolder, Tokens
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -64,6 +73,8 @@ TUNED = [
     "connection_strategy=lazy",
 ]
 
+BENCH_SECRET = "bench-secret-" + "0" * 32  # the keys config's recorder secret (a bench, not a deployment)
+REAL_KEY = "sk-bench-real-key"  # what the keys config swaps in
 STREAM_CHUNKS, STREAM_DELAY = 50, 0.02  # latency load: one stream ~1 s
 CAP_DELAY = 0.1  # capacity load: slow streams, 100 ms between chunks
 
@@ -130,13 +141,13 @@ def machine_busy() -> float:
 class Process:
     """A child process with its output in a log file; stopped with SIGTERM."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path):
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None):
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}-{int(time.time() * 1000)}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=ROOT, start_new_session=True)
+                                     cwd=ROOT, start_new_session=True, env=env)
 
     def stop(self, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
@@ -172,6 +183,7 @@ class Config:
     kind: str  # direct | mitmdump | forge-record | addon
     tuned: bool = False
     records: bool = False
+    keys: bool = False  # forge-record --hold-keys: the client sends a token (`client_key`)
 
     def argv(self, upstream: str, port: int, out: Path) -> list[str] | None:
         mode = f"reverse:{upstream}@127.0.0.1:{port}"
@@ -182,7 +194,7 @@ class Config:
             return [str(BIN / "mitmdump"), "-q", "--mode", mode, "--set", "stream_large_bodies=1", *sets]
         if self.kind == "forge-record":
             return [str(BIN / "forge-record"), "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
-                    "--out", str(out)]
+                    "--out", str(out), *(["--hold-keys"] if self.keys else [])]
         if self.kind == "addon":
             return [str(BIN / "mitmdump"), "-q", "-s", ADDON, "--mode", mode, "--set", f"forge_out={out}", *sets]
         raise ValueError(self.kind)
@@ -194,6 +206,7 @@ CONFIGS = {c.name: c for c in [
     Config("forge-record", "forge-record", records=True),
     Config("mitmdump-tuned", "mitmdump", tuned=True),
     Config("forge-addon-tuned", "addon", tuned=True, records=True),
+    Config("forge-record-keys", "forge-record", records=True, keys=True),
 ]}
 
 
@@ -204,6 +217,7 @@ class Proxy:
     out: Path
     process: Process | None = None
     sent_ok: int = 0  # successful calls sent through it, to compare with the recorded rows
+    client_key: str = ""  # what the load generator sends as its key ("" : its own placeholder)
 
     @classmethod
     def start(cls, config: Config, upstream: str, work: Path) -> Proxy:
@@ -211,13 +225,15 @@ class Proxy:
             return cls(config, upstream, work)
         port = free_port()
         out = Path(tempfile.mkdtemp(prefix=f"{config.name}-", dir=work))
-        process = Process(config.name, config.argv(upstream, port, out / "data"), work)
+        env = {**os.environ, SECRET_ENV: BENCH_SECRET, "OPENAI_API_KEY": REAL_KEY} if config.keys else None
+        process = Process(config.name, config.argv(upstream, port, out / "data"), work, env)
         try:
             wait_port(port, process.proc)
         except RuntimeError as e:
             process.stop()
             raise RuntimeError(f"{config.name}: {e}\n{process.tail()}") from None
-        return cls(config, f"http://127.0.0.1:{port}", out / "data", process)
+        key = Tokens(BENCH_SECRET).issue("default", MAX_TTL_S)[0] if config.keys else ""  # calls without /s/<id>/
+        return cls(config, f"http://127.0.0.1:{port}", out / "data", process, client_key=key)
 
     @property
     def pid(self) -> int | None:
@@ -259,8 +275,9 @@ def loadgen(proxy: Proxy | None, url: str, *args: str, timeout: float = 300) -> 
     child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0 = machine_busy()
     t0 = time.monotonic()
+    env = {**os.environ, "FORGE_BENCH_KEY": proxy.client_key} if proxy and proxy.client_key else None
     done = subprocess.run([PY, LOADGEN, *args, "--url", url], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+                          cwd=ROOT, env=env)
     wall = time.monotonic() - t0
     busy = machine_busy() - busy0
     child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -304,6 +321,34 @@ def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
     return ordered[k]
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student's t, 97.5% quantile, by degrees of freedom
+
+
+def mean_ci(values: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95% t-interval (the table's next smaller df: a little wide between rows); NaN under 2."""
+    values = [v for v in values if v == v]
+    if len(values) < 2:
+        return float("nan"), float("nan"), float("nan")
+    mean = statistics.fmean(values)
+    t = T975[max(df for df in T975 if df <= len(values) - 1)]
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def swap_us(n: int = 20000) -> float:
+    """CPU µs of one `KeyHolder.swap` (check the token, put the real key in its place), on a call's headers."""
+    from mitmproxy.http import Headers, Request
+    holder = KeyHolder(Tokens(BENCH_SECRET), {"openai": REAL_KEY})
+    token = holder.tokens.issue("default", MAX_TTL_S)[0]
+    requests = [Request.make("POST", "http://127.0.0.1/v1/chat/completions", b"", Headers(
+        host="127.0.0.1", content_type="application/json", authorization=f"Bearer {token}")) for _ in range(n)]
+    t0 = time.process_time()
+    for r in requests:
+        holder.swap(r.headers, r.query, "openai", "default")
+    return (time.process_time() - t0) / n * 1e6
 
 
 def med(values: list[float]) -> float:
@@ -504,9 +549,27 @@ def report(args, configs: list[Config], cells: list[Cell], res: Results) -> str:
             ["config", "completed", "peak open", "recorded complete", "TTFT p50", "TTFT p99", "total p50",
              "total p99", "proxy CPU s", "proxy RSS MB"], rows, style=printer.MARKDOWN)))
 
+    if "forge-record-keys" in res.stream and "forge-record" in res.stream:
+        out.append("\n" + keys_report(cells, res))
     out.append("\n### Targets (DESIGN.md §9): ratios against bare mitmdump\n")
     out.append(targets(args, cells, res))
     return "\n".join(out)
+
+
+def keys_report(cells: list[Cell], res: Results) -> str:
+    """forge-record-keys against forge-record: the swap in process, and the paired differences with their CI."""
+    ttft = [a["ttft_p50"] - b["ttft_p50"] for c in cells for a, b in
+            zip(res.stream["forge-record-keys"].get(c.key, []), res.stream["forge-record"].get(c.key, []))]
+    cpu = [a["cpu_per_request"] - b["cpu_per_request"] for a, b in
+           zip(res.hammer.get("forge-record-keys", []), res.hammer.get("forge-record", []))]
+    rows = [["swap CPU per call, in process", "-", f"{swap_us():.1f} µs", "-"]]
+    for what, diffs, unit, scale in (("added TTFT p50 (per trial and cell)", ttft, "ms", 1e3),
+                                     ("proxy CPU per request, short requests (per trial)", cpu, "µs", 1e6)):
+        mean, low, high = mean_ci(diffs)
+        rows.append([what, str(len(diffs)), f"{mean * scale:+.2f} {unit}",
+                     f"[{low * scale:+.2f}, {high * scale:+.2f}] {unit}" if low == low else "-"])
+    return ("### Holding the keys: forge-record-keys − forge-record, paired\n\n" + printer.text(printer.table(
+        ["what", "pairs", "mean", "95% CI"], rows, left=1, style=printer.MARKDOWN)))
 
 
 PAIRS = [("forge-record", "mitmdump"), ("forge-addon-tuned", "mitmdump-tuned"), ("forge-addon-tuned", "mitmdump")]

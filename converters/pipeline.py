@@ -20,14 +20,16 @@ import pyarrow as pa
 
 from forgerl.errors import UserError
 from forgerl.schema.messages import canonical_json
+from forgerl.schema.templates import template_sha256
 
 from . import atif as atif_out
 from . import verl
 from .drift import DriftReport
 from .filters import Filters
+from .joins import join_outcomes
 from .samples import Mode, samples
 from .shards import Output, SeenSet, ShardWriter, split_of
-from .source import check_dataset, connect, iter_sessions
+from .source import check_dataset, connect, iter_sessions, readable
 from .threads import segment_session
 from .tokenizer import load_tokenizer, tokenizer_hash
 from .tokens import Renderer, has_engine_ids, tokenize, token_row
@@ -171,7 +173,10 @@ def _run(root: Path, con: duckdb.DuckDBPyConnection, output: Output, writers: _W
     seen = SeenSet(output.path("dedupe.sqlite")) if opts.dedupe else None
     progress = _progress(opts.progress)
     filters = opts.filters.with_pass_rates(root)
-    for session in iter_sessions(root, con, harnesses=set(opts.harnesses) or None):
+    with readable(root):
+        joins = join_outcomes(con)
+    joins.refuse_broken()
+    for session in iter_sessions(root, con, joins.outcomes, harnesses=set(opts.harnesses) or None):
         counts["sessions_read"] += 1
         progress.update(1)
         reason = filters.session_reason(session)
@@ -229,14 +234,21 @@ def _run(root: Path, con: duckdb.DuckDBPyConnection, output: Output, writers: _W
         "input": {"dataset": str(root.resolve()), "schema_version": dataset_manifest["schema_version"],
                   "created_at": dataset_manifest.get("created_at")},
         "target": opts.target, "mode": opts.mode if opts.target == "tokens" else "thread",
-        "tokenizer": None if renderer is None else {"name": opts.tokenizer,
-                                                     "sha256": tokenizer_sha.result()},
+        "tokenizer": None if renderer is None else {"name": opts.tokenizer, "sha256": tokenizer_sha.result(),
+                                                     "chat_template_sha256": _template_hash(renderer.tokenizer)},
         "options": {"val_fraction": opts.val_fraction, "dedupe": opts.dedupe, "tokens_from": opts.tokens_from,
                     "drift": opts.drift, "harnesses": sorted(opts.harnesses),
                     "allow_tools_absent": opts.allow_tools_absent, "filters": opts.filters.describe()},
-        "counts": dict(counts), "dropped": dict(dropped), "files": files,
+        "counts": dict(counts), "dropped": dict(dropped), "joins": joins.report(), "files": files,
         "drift": drift.to_dict() if renderer is not None else None,
     }
+
+
+def _template_hash(tokenizer: Any) -> str:
+    """The sha256 of the template rows were rendered with (`forgerl.schema.templates`: a folder's template is
+    the text it holds, which `LocalTokenizer` and transformers both read; of named templates, the default)."""
+    template = tokenizer.chat_template
+    return template_sha256(template["default"] if isinstance(template, dict) else template)
 
 
 def _check_tools_absent(opts: Options, counts: Counter) -> None:

@@ -153,7 +153,7 @@ def check_dataset(root: Path) -> dict:
 
 
 @contextmanager
-def _readable(root: Path) -> Iterator[None]:
+def readable(root: Path) -> Iterator[None]:
     """DuckDB's errors reading the dataset as the one-line `DatasetError` the CLI reports."""
     try:
         yield
@@ -163,7 +163,7 @@ def _readable(root: Path) -> Iterator[None]:
 
 def connect(root: Path) -> duckdb.DuckDBPyConnection:
     """The run's DuckDB connection to the dataset, set to stream under `FORGE_CONVERT_MEMORY`."""
-    with _readable(root):  # the views bind every file's schema here
+    with readable(root):  # the views bind every file's schema here
         return duck.connect(root, config={"memory_limit": f"{_memory_bytes()}B",
                                           "preserve_insertion_order": False})
 
@@ -269,19 +269,17 @@ def _grouped(items: Iterator[Any], session_of: Callable[[Any], str]) -> Iterator
         yield current, group
 
 
-def iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, *,
+def iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, outcomes: Mapping[str, dict[str, Any]], *,
                   harnesses: set[str] | None = None) -> Iterator[Session]:
-    """Sessions in session-id order, each with its calls in recording order and its outcome; `con` is the run's
-    connection (`connect`)."""
-    with _readable(root):
-        yield from _iter_sessions(root, con, harnesses)
+    """Sessions in session-id order, each with its calls in recording order and its outcome (`outcomes`: each
+    session's one outcome row, as `joins.join_outcomes` joined them); `con` is the run's connection (`connect`)."""
+    with readable(root):
+        yield from _iter_sessions(root, con, outcomes, harnesses)
 
 
-def _iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, harnesses: set[str] | None) -> Iterator[Session]:
+def _iter_sessions(root: Path, con: duckdb.DuckDBPyConnection, outcomes: Mapping[str, dict[str, Any]],
+                   harnesses: set[str] | None) -> Iterator[Session]:
     harness_of = dict(con.execute("SELECT session_id, harness FROM sessions").fetchall())
-    outcomes = {r["session_id"]: r for r in con.sql(
-        "SELECT * FROM outcomes QUALIFY row_number() OVER (PARTITION BY session_id "
-        "ORDER BY attempt DESC NULLS LAST, t_end DESC NULLS LAST) = 1").to_arrow_table().to_pylist()}
     blobs = _blob_places(con, root)
     call_files = data_files(root, "calls")  # the files the views read: one snapshot for the whole run
     for lo, hi in _session_ranges(root, con):

@@ -30,6 +30,7 @@ import numpy as np
 
 from forgerl.errors import UserError
 from forgerl.schema.messages import canonical_json
+from forgerl.schema.templates import chat_template
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -49,10 +50,7 @@ class LocalTokenizer:
 
         self._compile_base = _compile_jinja_template  # imported with the tokenizer (~0.4 s), run on first use
         config = json.loads((directory / "tokenizer_config.json").read_text())
-        template_file = directory / "chat_template.jinja"
-        self.chat_template = template_file.read_text() if template_file.exists() else config.get("chat_template")
-        if isinstance(self.chat_template, list):  # named templates: the default one
-            self.chat_template = next((t["template"] for t in self.chat_template if t.get("name") == "default"), None)
+        self.chat_template = chat_template(directory)
         self.source = (directory / "tokenizer.json").read_bytes()
         self.backend_tokenizer = Tokenizer.from_str(self.source.decode("utf-8"))
         self.special_tokens_map = {k: v.get("content") if isinstance(v, dict) else v

@@ -32,7 +32,7 @@ from forgerl.schema.store import compact, delete_session
 from forgerl.schema.toolcalls import FORMATS
 
 from . import summary
-from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, turns
+from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, check_trained_template, turns
 from .credentials import DEFAULT_KEY_ENV, DEFAULT_TTL_S, MAX_TTL_S, SECRET_ENV, KeyHolder, Tokens, secret_from_env
 from .images import IMAGE_MODES
 from .proxy import ANTHROPIC_API, GEMINI_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
@@ -213,6 +213,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
         raise UserError("--max-tokens must be at least 1")
     from .serve import GatewayThread, PolicyGateway, load_tokenizer, tool_format  # transformers: only serve mode
 
+    unchecked = check_trained_template(args.tokenizer)  # before the tokenizer loads (seconds): refused at once
     tokenizer = load_tokenizer(args.tokenizer)
     version = args.policy_version or args.served_model
     gateway = PolicyGateway(_policy(args, tokenizer), tokenizer, args.served_model,
@@ -220,14 +221,19 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
                             sampling=Sampling(max_tokens=args.max_tokens, temperature=args.temperature,
                                               top_p=args.top_p))
     host, port = args.listen
+
+    def ready() -> None:
+        if unchecked:  # said once serving: a refusal of other flags stays one line
+            print(f"forge-record: note: {unchecked}", file=sys.stderr, flush=True)
+        print(f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
+              f"policy version {version}); recording to {args.out}", flush=True)
+
     with GatewayThread(gateway) as gateway_url:
         config = RecorderConfig.one_upstream(Path(args.out), gateway_url, listen_host=host, listen_port=port,
                                              session=args.session, redact_rules=args.redact_rules,
                                              images=args.images, policy_version=version, labels=args.labels,
                                              keys=_keys(args))
-        failures = serve_forever(config, on_ready=lambda: print(
-            f"forge-record: listening on {config.url} (serving {args.served_model} from {args.policy}, "
-            f"policy version {version}); recording to {args.out}", flush=True))
+        failures = serve_forever(config, on_ready=ready)
     return _closing_status(failures)
 
 

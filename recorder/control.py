@@ -17,6 +17,11 @@
 The last two exist only when the recorder holds the keys (`--hold-keys`;
 409 otherwise), and then every endpoint wants `Authorization: Bearer
 <secret>` (401 without): the runner holds the secret, a jail or pod never.
+Two exceptions, both harmless: `ready` is open (a kubelet's readiness probe
+cannot hold a secret; it says only whether calls are recorded), and a
+session's flush also takes that session's own token as the bearer, so a pod
+(which grades itself, after the barrier) needs nothing but the token its
+harness already holds; a flush only waits.
 
 A runner grades a rollout from its recorded calls the moment the harness
 exits. The writer flushes on its own clock in another process, so without a
@@ -45,7 +50,7 @@ from mitmproxy import http
 
 from forgerl.errors import UserError
 
-from .credentials import DEFAULT_TTL_S, KeyHolder
+from .credentials import DEFAULT_TTL_S, KeyHolder, Refused
 from .writer_process import CallsFailed, RecorderFailure
 
 PREFIX = "/_forge/"
@@ -92,7 +97,7 @@ async def answer(flow: http.HTTPFlow, recording: Recording) -> None:
     request = flow.request
     parts = request.path.split("?", 1)[0][len(PREFIX):].split("/")
     keys = recording.keys
-    if keys is not None and not keys.tokens.control_allowed(request.headers.get("authorization", "")):
+    if keys is not None and not _allowed(keys, request.headers.get("authorization", ""), parts, request.method):
         flow.response = _json(401, {"error": {"type": "forgerl_unauthorized",
                                               "message": "the recorder's control endpoints want its secret"}})
     elif len(parts) == 3 and parts[0] == SESSIONS and parts[1] and parts[2] in (TOKEN, CLOSE) \
@@ -116,6 +121,20 @@ async def answer(flow: http.HTTPFlow, recording: Recording) -> None:
     else:
         flow.response = _json(404, {"error": {"type": "forgerl_no_such_endpoint",
                                               "message": f"no {request.method} {request.path} on the recorder"}})
+
+
+def _allowed(keys: KeyHolder, authorization: str, parts: list[str], method: str) -> bool:
+    """The secret opens every endpoint; `ready` is open; a session's own token opens that session's flush only."""
+    if parts == ["ready"] or keys.tokens.control_allowed(authorization):
+        return True
+    if not (len(parts) == 3 and parts[0] == SESSIONS and parts[2] == FLUSH and method == "POST"):
+        return False
+    scheme, _, token = authorization.partition(" ")
+    try:
+        keys.tokens.check(token.strip(), unquote(parts[1]))
+    except Refused:
+        return False
+    return scheme.lower() == "bearer"
 
 
 def _credentials(keys: KeyHolder | None, session: str, action: str, ttl: str) -> http.Response:
@@ -149,7 +168,8 @@ class RecorderControl:
     def __init__(self, url: str, timeout: float = BARRIER_TIMEOUT_S, secret: str = ""):
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._headers = {"authorization": f"Bearer {secret}"} if secret else {}  # a --hold-keys recorder's
+        # a --hold-keys recorder's secret (or, for a session's flush alone, that session's token)
+        self._headers = {"authorization": f"Bearer {secret}"} if secret else {}
 
     def _call(self, method: str, path: str) -> dict:
         request = urllib.request.Request(self.url + path, method=method, headers=self._headers)

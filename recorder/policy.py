@@ -21,6 +21,10 @@ chat endpoint that renders the prompt itself, images included (`chat`, for
 - `ScriptedPolicy`: emits chosen texts as token sequences (logprob 0: a
   deterministic policy), so tests can make a real harness run real tools.
 - veRL's rollout servers, through `forgerl.trainer.agent_loop` (Ray calls).
+
+Whatever answers, it was trained on prompts in one chat template:
+`check_trained_template` refuses to serve a tokenizer folder holding another
+one than its checkpoint's `forgerl_policy.json` names.
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
+
+from forgerl.errors import UserError
+from forgerl.schema.templates import POLICY_FILE, folder_template_sha256, template_file, trained_template_sha256
 
 from .sse import SSEDecoder
 
@@ -206,6 +214,33 @@ def _choice(data: Any) -> tuple[list[int], list[float] | None, str | None]:
     if values is not None and len(values) != len(ids):
         raise PolicyError(f"policy sent {len(values)} logprobs for {len(ids)} tokens")
     return list(ids), None if values is None else [float(v) for v in values], choice.get("finish_reason")
+
+
+class TemplateMismatch(UserError):
+    """Serve mode would render prompts in another chat template than the policy was trained on."""
+
+
+def check_trained_template(tokenizer_dir: str) -> str | None:
+    """Refuse (TemplateMismatch) a tokenizer folder whose chat template is not the one the policy was trained
+    with, as its `forgerl_policy.json` names it (`--tokenizer` is normally the checkpoint folder: forge-train
+    writes the tokenizer files and that file beside the weights). A folder that does not name one cannot be
+    checked: the note to print is returned (None when the template was checked, or when the folder holds none,
+    which `serve.load_tokenizer` refuses)."""
+    try:
+        served, trained = folder_template_sha256(tokenizer_dir), trained_template_sha256(tokenizer_dir)
+    except ValueError as e:  # a tokenizer_config.json or policy file that is not JSON
+        raise UserError(f"--tokenizer {tokenizer_dir}: {str(e).splitlines()[0]}") from None
+    if served is None:
+        return None
+    if trained is None:
+        return (f"{tokenizer_dir} has no {POLICY_FILE} naming the policy's chat_template_sha256: serving with its "
+                f"chat template (sha256 {served}) unchecked")
+    if trained != served:
+        raise TemplateMismatch(
+            f"--tokenizer {tokenizer_dir}: serve mode would render chat template sha256 {served} "
+            f"({template_file(tokenizer_dir)}) but the policy was trained with sha256 {trained} "
+            f"({Path(tokenizer_dir) / POLICY_FILE} chat_template_sha256): serve it with the tokenizer it was trained with")
+    return None
 
 
 Script = Callable[[str], str]

@@ -101,8 +101,9 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     layout = task.layout(rollout_dir, workspace, in_image=config.in_pod)
     cwd = Path(layout.workdir) if layout else workspace
     agent_s = config.timeout_s or task.timeout_s
-    # In a pod the NetworkPolicy isolates the network: namespaces only where the task needs them.
-    isolate = bool(layout or task.services) if config.in_pod else config.isolate_network
+    # In a pod the NetworkPolicy isolates the network: namespaces only where the task needs them, or where the pod
+    # holds the judge's or the user model's key (the jail's own /proc keeps it from the harness).
+    isolate = bool(layout or task.services or config.judge or config.user) if config.in_pod else config.isolate_network
     runs: list[tuple[Result, Sandbox, RunContext]] = []
     dialogue = bool(task.persona and config.user)
     # A grade() that reads files alone runs in the (single) jail after the harness: no process of its own.

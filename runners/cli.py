@@ -13,7 +13,8 @@ configured. --upstream is what it is for `forge-record serve`: the
 origin the recorder forwards to (http://HOST:PORT, no /v1; request paths
 pass through unchanged), speaking the harness's own API. --policy URL instead
 answers the harness from a policy server (vLLM protocol, token in / token out)
-through `forge-record serve --policy` (serve mode, token ids recorded). A
+through `forge-record serve --policy` (serve mode, token ids recorded),
+sampling at --temperature and --top-p (0: greedy, for evaluation). A
 recorder (`forge-record serve`, a process of its own) is started on a free
 loopback port for the run, or given with --recorder-url (a `forge-record
 serve` the pods can reach, e.g. deploy/recorder.yaml).
@@ -47,7 +48,9 @@ skipped, so an interrupted run resumes. The final tables give pass@k /
 pass^k per task, then the per-task pass rates (solved never, sometimes,
 always). --watch keeps going: whenever the endpoint's policy version changes
 (its /v1/models root or id, or --policy-version-from), it runs the tasks
-again with every call and outcome tagged with that version.
+again with every call and outcome tagged with that version. Without
+--watch, one round is tagged with --policy-version V, else with what
+--policy-version-from or the --policy server says, else not at all.
 """
 
 from __future__ import annotations
@@ -115,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "through `forge-record serve --policy`; needs --tokenizer and --served-model")
     p.add_argument("--tokenizer", default="", metavar="DIR", help="with --policy: the policy's tokenizer directory")
     p.add_argument("--served-model", default="", metavar="NAME", help="with --policy: the served model name")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="with --policy: sampling temperature (default 1.0; 0 is greedy, for evaluation)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --policy: nucleus sampling (default 1.0)")
     p.add_argument("--attempts", type=_positive, default=1, metavar="K", help="attempts per task (default 1)")
     p.add_argument("--parallel", type=_positive, default=1, metavar="N",
                    help="harnesses running at once (default 1); a finished rollout is graded beside the next")
@@ -148,11 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "tokens and .env secrets are always redacted. A recorder given with --recorder-url keeps its own")
     p.add_argument("--recorder-url", default="", help="use this running recorder instead of starting one "
                    "(required for --runner kubernetes unless pods can reach this machine)")
-    p.add_argument("--hold-keys", action="store_true",
-                   help="local runner: only the recorder holds the model-API keys (forge-record serve --hold-keys); "
-                   "each rollout's harness gets a token for its own session where its key goes, revoked once the "
-                   "rollout is graded. With --recorder-url, that recorder's secret comes from $FORGE_RECORDER_SECRET")
+    p.add_argument("--pass-keys", action="store_true",
+                   help="give each harness the real model-API key (the recorder passes it through) instead of a "
+                   "token for its own session, revoked once the rollout is graded (the default: only the recorder "
+                   "holds the keys; with --recorder-url, that recorder's secret comes from $FORGE_RECORDER_SECRET)")
     p.add_argument("--watch", action="store_true", help="re-run whenever the policy version changes")
+    p.add_argument("--policy-version", default="", metavar="V",
+                   help="tag this round's calls and outcomes with V (not with --watch)")
     p.add_argument("--policy-version-from", default="", metavar="FILE|URL",
                    help="read the policy version here instead of the upstream's /v1/models")
     p.add_argument("--watch-interval", type=float, default=30.0, metavar="S", help="seconds between version checks")
@@ -219,7 +227,7 @@ def _runner(args: argparse.Namespace, recorder_url: str, recorder_secret: str = 
                             image_registry=args.image_registry,
                             retries=args.retries, model=model, timeout_s=args.timeout,
                             judge=Judge(args.judge, args.judge_model) if args.judge else None,
-                            user=_user_model(args))
+                            user=_user_model(args), recorder_secret=recorder_secret)
 
 
 def _user_model(args: argparse.Namespace) -> UserModel | None:
@@ -235,10 +243,11 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
     label = f" (policy {policy_version})" if policy_version else ""
     with ExitStack() as stack:
         recorder_url = args.recorder_url
-        secret = args.recorder_secret or (new_secret() if args.hold_keys else "")  # a fresh one per recorder
+        secret = args.recorder_secret or ("" if args.pass_keys else new_secret())  # a fresh one per recorder
         if todo and not recorder_url and args.policy:
             recorder_url = stack.enter_context(policy_recorder(out, args.policy, args.tokenizer, args.served_model,
-                                                               policy_version, args.redact_rules, secret))
+                                                               policy_version, args.redact_rules, secret,
+                                                               (args.temperature, args.top_p)))
         if todo and not recorder_url:
             recorder_url = stack.enter_context(upstream_recorder(out, args.upstream, policy_version,
                                                                  args.redact_rules, secret))
@@ -308,24 +317,37 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("give one of --upstream URL (the model API origin), --policy URL or --recorder-url URL")
     if args.policy and not (args.tokenizer and args.served_model):
         raise UserError("--policy needs --tokenizer DIR and --served-model NAME")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise UserError(f"--temperature must be >= 0 and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
     if args.upstream and not args.upstream.startswith(("http://", "https://")):
         raise UserError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
     if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):
         raise UserError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
+    if args.watch and args.policy_version:
+        raise UserError("--policy-version tags one round; --watch reads each round's version from the policy")
     if bool(args.judge) != bool(args.judge_model):
         raise UserError("--judge URL and --judge-model M go together")
     if bool(args.user_model) != bool(args.user_model_name):
         raise UserError("--user-model URL and --user-model-name M go together")
     if args.runner == "local":
         _check_proc_isolation(args)
-    elif args.hold_keys:
-        raise UserError("--hold-keys: only the local runner hands out tokens yet; pods would still get the keys")
-    args.recorder_secret = secret_from_env() if args.hold_keys and args.recorder_url else ""
+    args.recorder_secret = secret_from_env() if args.recorder_url and not args.pass_keys else ""
     args.redactor = Redactor.from_file(args.redact_rules) if args.redact_rules else KEY_SHAPES
     persona_refusal = refusal(_user_model(args), get_harness(args.harness))
     tasks = _runnable(_select(load_tasks(args.tasks), args.task), persona_refusal)
     get_harness(args.harness).find()
-    return watch(args, tasks) if args.watch else run_round(args, tasks, "")
+    return watch(args, tasks) if args.watch else run_round(args, tasks, _round_version(args))
+
+
+def _round_version(args: argparse.Namespace) -> str:
+    """One round's tag: --policy-version, else what --policy-version-from or the served policy says now, else none
+    (a vendor API behind --upstream has no version of its own)."""
+    if args.policy_version:
+        return args.policy_version
+    served = args.policy if args.policy.startswith(("http://", "https://")) else ""
+    if args.policy_version_from or served:
+        return PolicyVersionSource(served, args.policy_version_from).current()
+    return ""
 
 
 if __name__ == "__main__":

@@ -2,10 +2,18 @@
 
 Each rollout becomes a Pod made from `pod-template.yaml` (package data beside
 this module, or your own template): the runner sets its name, labels, image,
-the FORGE_* environment (task, session, the recorder's URL; the judge's URL and model, never a key:
-keys come from a Secret the template names), resources from the task's limits
-and an `activeDeadlineSeconds`; a task with services or a verifier gets
-`CAP_SYS_ADMIN` for the jail's namespaces. The pod runs `python -m
+the FORGE_* environment (task, session, the recorder's URL; the judge's URL
+and model, never their keys: those come from a Secret the template names),
+resources from the task's limits and an `activeDeadlineSeconds`. A task with
+services or a verifier, and a pod given a judge or a simulated user (whose
+keys it then holds), gets `CAP_SYS_ADMIN` for the jail's namespaces, so its
+harness has a /proc of its own and cannot read the pod entry's environment.
+With a `recorder_secret` (forge-run's default: the recorder holds the
+model-API keys) the runner registers each rollout with the recorder over its
+authenticated control endpoints and puts only the rollout's token in the
+harness's key variable, dropping every model-key variable the template maps;
+it revokes the token once the pod is done. The pod presents the same token
+at its session's flush barrier, and holds no secret. The pod runs `python -m
 forgerl.runners.pod`, which runs the rollout as the local runner does
 (`attempt.run_attempt`: workspace, services, harness, verifier, grading) and
 reports its scores and notes in the termination message. The runner watches the pod to the end,
@@ -38,12 +46,14 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from forgerl.harnesses import Harness
+from forgerl.harnesses import Harness, Key
+from forgerl.recorder.credentials import DEFAULT_KEY_ENV
 from forgerl.recorder.writer_process import RecorderFailure
 
 from .grading import Judge
 from .pod import NOTES_CUT, RECORDER_FAILURE, RESULT_KEYS, logged_result
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
+from .serve import rollout_keys
 from .simulated_user import UserModel
 
 TEMPLATE = resources.files(__package__) / "pod-template.yaml"  # package data: read where forgerl is installed
@@ -114,6 +124,7 @@ class KubernetesRunner(BatchRunner):
     image_registry: str = ""  # where images built from Harbor tasks' environment/ are pushed
     judge: Judge | None = None  # its URL and model go to the pods; its key comes from the template (a Secret)
     user: UserModel | None = None  # the simulated user, played from the pods as the judge is
+    recorder_secret: str = ""  # the recorder holds the keys: each pod's harness gets a token (`rollout_keys`)
 
     retry_backoff_s: float = RETRY_BACKOFF_S
 
@@ -122,7 +133,9 @@ class KubernetesRunner(BatchRunner):
 
     # one pod -----------------------------------------------------------
 
-    def pod_manifest(self, rollout: Rollout, session: str) -> dict:
+    def pod_manifest(self, rollout: Rollout, session: str, keys: dict[str, str] | None = None) -> dict:
+        """The pod for one rollout; `keys`: the harness's token in its key variable (`rollout_keys`), which
+        replaces every model-API key variable the template sets."""
         task = rollout.task
         timeout = self.timeout_s or task.timeout_s
         pod = copy.deepcopy(self.template)
@@ -149,28 +162,33 @@ class KubernetesRunner(BatchRunner):
             forge_env |= {"FORGE_JUDGE_URL": self.judge.url, "FORGE_JUDGE_MODEL": self.judge.model}
         if self.user and task.persona:
             forge_env |= {"FORGE_USER_MODEL_URL": self.user.url, "FORGE_USER_MODEL_NAME": self.user.model}
-        if task.services:  # started in the jail's own namespaces inside the pod
+        if keys:
+            forge_env |= keys
+        if task.services or self.judge or (self.user and task.persona):  # the jail's own namespaces inside the pod
             allow_namespaces(container)
-        env = [e for e in container.get("env", []) if e.get("name") not in forge_env]
+        dropped = {*forge_env, *(model_key_variables(self.harness) if keys else ())}
+        env = [e for e in container.get("env", []) if e.get("name") not in dropped]
         container["env"] = env + [{"name": k, "value": v} for k, v in forge_env.items()]
         limits = {"cpu": str(max(1, task.cpu_s // max(1, int(timeout)))), "memory": f"{task.memory_mb}Mi"}
         container["resources"] = {"limits": limits, "requests": dict(limits)}
         return pod
 
     def attempt(self, rollout: Rollout, session: str) -> Outcome:
-        pod = self.pod_manifest(rollout, session)
-        name = pod["metadata"]["name"]
         t_start = now()
-        try:
-            self.core.create_namespaced_pod(self.namespace, pod)
-        except (ApiException, urllib3.exceptions.HTTPError) as e:
-            self._delete(name, quiet=True)  # a refused or timed-out create may still have made the pod
-            raise InfraError(f"creating pod {name}: {_api_error(e)}") from None
-        try:
-            report = self._wait(name, pod["spec"]["activeDeadlineSeconds"])
-            logs = self._logs(name)
-        finally:
-            self._delete(name)
+        deadline_s = (self.timeout_s or rollout.task.timeout_s) + self.deadline_grace_s
+        with rollout_keys(self.harness, self.recorder_url, self.recorder_secret, session, deadline_s) as keys:
+            pod = self.pod_manifest(rollout, session, keys)
+            name = pod["metadata"]["name"]
+            try:
+                self.core.create_namespaced_pod(self.namespace, pod)
+            except (ApiException, urllib3.exceptions.HTTPError) as e:
+                self._delete(name, quiet=True)  # a refused or timed-out create may still have made the pod
+                raise InfraError(f"creating pod {name}: {_api_error(e)}") from None
+            try:
+                report = self._wait(name, pod["spec"]["activeDeadlineSeconds"])
+                logs = self._logs(name)
+            finally:
+                self._delete(name)
         return self._outcome(rollout, session, t_start, report, logs)
 
     def _wait(self, name: str, deadline_s: float) -> PodReport:
@@ -232,6 +250,11 @@ class KubernetesRunner(BatchRunner):
                  "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None}
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, result["scores"],
                               bool(result.get("timed_out")), result.get("returncode"), model=self.model, extra=extra)
+
+
+def model_key_variables(harness: Harness) -> set[str]:
+    """The variables a model-API key can sit in: every API's default, and the harness's own."""
+    return {*DEFAULT_KEY_ENV.values(), *([harness.key.env] if isinstance(harness.key, Key) else [])}
 
 
 def in_task_image(spec: dict, container: dict, image: str) -> None:

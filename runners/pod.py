@@ -9,11 +9,14 @@ transcript for grade() is built from it), FORGE_MODEL, FORGE_TIMEOUT_S,
 FORGE_WORKDIR (default /work), FORGE_RESULT_PATH (default /dev/termination-log),
 FORGE_JUDGE_URL and FORGE_JUDGE_MODEL (`forge-run --judge`),
 FORGE_USER_MODEL_URL and FORGE_USER_MODEL_NAME (`forge-run --user-model`, for
-a task with a persona: its dialogue is held here). Keys are never set by the
-runner: ANTHROPIC_API_KEY / OPENAI_API_KEY (the harness's),
-FORGE_JUDGE_API_KEY (the judge's, read by the grading child) and
-FORGE_USER_MODEL_API_KEY come from the pod template's env, from a Secret
-(deploy/README.md).
+a task with a persona: its dialogue is held here). The harness's key variable
+(ANTHROPIC_API_KEY, OPENAI_API_KEY, ...) holds the rollout's capability token,
+set by the runner (forge-run's default), which the pod also presents at its
+session's flush barrier; with `forge-run --pass-keys` it holds the real key,
+from the pod template's Secret. FORGE_JUDGE_API_KEY (the judge's, read by the
+grading child) and FORGE_USER_MODEL_API_KEY come from the template's Secret:
+a pod given either runs its harness in the jail's own namespaces (/proc of
+its own), so the harness cannot read them (deploy/README.md).
 
 The rollout itself is `attempt.run_attempt`, as on the local runner: a task's
 services start in the jail's own namespaces inside the pod, a Harbor task's
@@ -34,7 +37,8 @@ import signal
 import sys
 from pathlib import Path
 
-from forgerl.harnesses import get_harness
+from forgerl.harnesses import Key, get_harness
+from forgerl.recorder.credentials import PREFIX
 from forgerl.recorder.writer_process import RecorderFailure
 
 from .attempt import AttemptConfig, inherited, run_attempt
@@ -48,7 +52,6 @@ RECORDER_FAILURE = "recorder_failure"  # the result status that stops the run
 RESULT_KEYS = ("session", "status", "scores", "timed_out", "error")  # the rest of a result: the outcome's extra
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 NOTES_CUT = "notes_cut"  # in a termination message that had to leave out the outcome's notes
-HARNESS_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")  # from the pod's environment (the template: a Secret)
 
 
 def _fit(result: dict) -> str:
@@ -81,10 +84,12 @@ def pod_config(env: dict[str, str]) -> AttemptConfig:
     judge = Judge(env["FORGE_JUDGE_URL"], env["FORGE_JUDGE_MODEL"]) if env.get("FORGE_JUDGE_URL") else None
     user = (UserModel(env["FORGE_USER_MODEL_URL"], env["FORGE_USER_MODEL_NAME"])
             if env.get("FORGE_USER_MODEL_URL") else None)
+    keys = {harness.key.env: env[harness.key.env]} if isinstance(harness.key, Key) and env.get(harness.key.env) else {}
+    token = next((v for v in keys.values() if v.startswith(PREFIX)), "")  # opens this session's flush barrier
     return AttemptConfig(harness, harness.find(), env["FORGE_RECORDER_URL"], Path(env["FORGE_DATASET"]),
-                         model=env.get("FORGE_MODEL", ""), keys={k: v for k, v in env.items() if k in HARNESS_KEYS},
+                         model=env.get("FORGE_MODEL", ""), keys=keys,
                          base_env=inherited(env), timeout_s=float(env.get("FORGE_TIMEOUT_S") or 0) or None,
-                         judge=judge, in_pod=True, user=user)
+                         judge=judge, in_pod=True, user=user, recorder_secret=token)
 
 
 def run_pod(env: dict[str, str]) -> dict:

@@ -1,9 +1,12 @@
 """Which policy version the endpoint is serving, for `forge-run --watch` (online refresh).
 
 By default the version is the served model's `root` (else its `id`) from the
-upstream's `GET /v1/models`: vLLM reports the weights it loaded there. A
-trainer that swaps weights in place publishes a version instead, in a file or
-at a URL, and `--policy-version-from` reads that.
+upstream's `GET /v1/models`: vLLM reports the weights it loaded there (the
+folder), the project's policy server (`trainer/policy_server.py`) the
+checkpoint's version. A `root` that is a checkpoint folder written by
+forge-train gives the `policy_version` of its `forgerl_policy.json`. A trainer
+that swaps weights in place publishes a version instead, in a file, a
+checkpoint folder or at a URL, and `--policy-version-from` reads that.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forgerl.errors import UserError
+from forgerl.schema.templates import POLICY_FILE
 
 TIMEOUT_S = 10
 
@@ -39,6 +43,8 @@ class PolicyVersionSource:
         if self.version_from:
             if self.version_from.startswith(("http://", "https://")):
                 text = _get(self.version_from)
+            elif Path(self.version_from).is_dir():
+                return checkpoint_version(Path(self.version_from))
             else:
                 try:
                     text = Path(self.version_from).read_text()
@@ -51,6 +57,18 @@ class PolicyVersionSource:
         try:
             models = json.loads(body)["data"]
             model = models[0]
-            return str(model.get("root") or model["id"])
+            served = str(model.get("root") or model["id"])
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise PolicyVersionError(f"{self.upstream}/v1/models lists no model") from None
+        return checkpoint_version(Path(served)) if (Path(served) / POLICY_FILE).is_file() else served
+
+
+def checkpoint_version(folder: Path) -> str:
+    """The `policy_version` a forge-train checkpoint folder's `forgerl_policy.json` names."""
+    try:
+        version = json.loads((folder / POLICY_FILE).read_text())["policy_version"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PolicyVersionError(f"{folder}: no policy_version in {POLICY_FILE} ({type(e).__name__})") from None
+    if not isinstance(version, str) or not version:
+        raise PolicyVersionError(f"{folder}/{POLICY_FILE}: policy_version must be a non-empty string")
+    return version

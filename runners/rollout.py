@@ -28,7 +28,6 @@ import json
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from pathlib import Path
 from forgerl.recorder.control import BarrierError, RecorderControl
 from forgerl.recorder.redact import Redactor
 from forgerl.recorder.writer_process import CallsFailed, RecorderFailure
+from forgerl.schema.rollouts import rollout_session
 from forgerl.schema.sessions import prefer_system_allocator, session_count
 from forgerl.schema.files import MANIFEST
 from forgerl.schema.store import DatasetWriter
@@ -63,7 +63,7 @@ class Rollout:
 
     def new_session(self) -> str:
         """A fresh session id per try (a retried infra failure never shares calls with its retry)."""
-        return f"{self.task.id[:48]}-a{self.attempt}-{uuid.uuid4().hex[:8]}"
+        return rollout_session(self.task.id, self.attempt)
 
 
 def prepare_workspace(task: Task, workspace: Path) -> None:

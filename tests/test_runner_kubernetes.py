@@ -259,3 +259,27 @@ def test_a_result_too_long_for_the_termination_message_is_read_whole_from_the_po
     assert outcome.extra["dockerfile_not_honoured"] == result["dockerfile_not_honoured"]
     short = r._outcome(Rollout(find_task(BENCH, NOVEL_TASK), 0), "s-1", now(), report, None)  # no log: the scores
     assert short.status == "success" and "final_answer" not in short.extra
+
+
+def test_a_pod_gets_only_its_token_where_keys_go_and_its_own_proc_with_a_judge():
+    """Holding the keys: the token replaces every model-key variable the template maps (from a Secret or not);
+    a judge's key in the pod puts the harness in the jail's namespaces (CAP_SYS_ADMIN for them)."""
+    from kubernetes import client
+
+    template = load_template()
+    template["spec"]["containers"][0]["env"] += [
+        {"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {"name": "forgerl-keys", "key": "openai"}}},
+        {"name": "ANTHROPIC_API_KEY", "value": "sk-ant-in-the-template"}, {"name": "KEEP", "value": "kept"}]
+    rollout = Rollout(find_task(BENCH, NOVEL_TASK), 0)
+    plain = KubernetesRunner(get_harness("claude-code"), "http://recorder:8787", client.ApiClient(), template=template)
+    judged = KubernetesRunner(get_harness("claude-code"), "http://recorder:8787", client.ApiClient(), template=template,
+                              judge=Judge("http://judge/v1", "j"))
+    container = judged.pod_manifest(rollout, "s-1", {"ANTHROPIC_API_KEY": "forge-cap-x"})["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ANTHROPIC_API_KEY"] == {"name": "ANTHROPIC_API_KEY", "value": "forge-cap-x"}
+    assert "OPENAI_API_KEY" not in env and env["KEEP"]["value"] == "kept"
+    assert container["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    container = plain.pod_manifest(rollout, "s-1")["spec"]["containers"][0]  # --pass-keys: the template's keys
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ANTHROPIC_API_KEY"]["value"] == "sk-ant-in-the-template" and "OPENAI_API_KEY" in env
+    assert "add" not in container["securityContext"]["capabilities"]

@@ -120,3 +120,23 @@ def test_overlong_is_masked_not_truncated(lm, tmp_path):
     assert loop.server_manager.calls, "the rollout ran"
     assert out.extra_fields["forge_overlong"] == 1 and out.response_mask == [0]
     assert out.reward_score == 1.0
+
+
+def test_the_looting_agent_finds_nothing_through_the_agent_loop(lm, tmp_path):
+    """The adversarial task (tests/test_jail_secrets.py) as an RL rollout: the harness's key variable holds a token
+    of its rollout's recorder, never the key the loop was configured with, and nothing real reaches the dataset."""
+    from forgerl.recorder.credentials import PREFIX
+    from test_jail_secrets import LOOT_GRADER, VENDOR, LootingHarness, nothing_real_reached
+    from test_recorder_durability import every_value_on_disk
+
+    task = toml_task(tmp_path / "tasks", "loot", LOOT_GRADER)
+    loop = agent_loop(lm, tmp_path)
+    loop.env = {"OPENAI_API_KEY": VENDOR}
+    loop.harness = LootingHarness()
+    graded, output = [], loop.output
+    loop.output = lambda outcome, *rest: graded.append(outcome) or output(outcome, *rest)  # the rollout's outcome
+    out = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"task_path": str(task)}, raw_prompt=[]))
+    [outcome] = graded
+    assert out.extra_fields["forge_infra_error"] == 0 and outcome.error is None, outcome.error
+    sent = b"".join(data for _, data in every_value_on_disk(tmp_path / "data"))  # its call, as the gateway got it
+    assert nothing_real_reached(tmp_path / "data", sent, outcome.scores).startswith(PREFIX)

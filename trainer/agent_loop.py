@@ -20,6 +20,10 @@ logprobs, and the task's reward.
   with the dataset. The rollout has its recorder to itself, so the barrier
   asks its writer to flush at once, not on its half-second clock.
 - Task failures and agent timeouts keep their graded reward.
+- The harness holds no key: the rollout's recorder holds the keys (a fresh
+  secret each) and the harness gets a token for its own session in its key
+  variable, revoked after the flush barrier (`recorder/credentials.py`); the
+  gateway behind the recorder needs none, so none is sent upstream.
 - What is returned follows the PPO config's `forgerl.rows` (`segment_rl.Expansion`):
   `thread` (what `forge-train rl` writes by default) every segment, `per_call`
   every call, last one last, for `segment_manager.py`'s workers to weigh
@@ -49,6 +53,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
+from forgerl.recorder.credentials import KeyHolder, Tokens, new_secret
 from forgerl.recorder.policy import Generation, Sampling
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
 from forgerl.recorder.serve import PolicyGateway
@@ -112,13 +117,16 @@ class HarnessAgentLoop(AgentLoopBase):
         gateway = PolicyGateway(policy, self.tokenizer, self.served_model,
                                 sampling=Sampling(max_tokens=self.response_length))
         url = await gateway.start()
+        secret = new_secret()
         recorder = BackgroundRecorder(RecorderConfig.one_upstream(self.dataset, url, policy_version=self.policy_version,
-                                                                  redact_rules=self.redact_rules))
+                                                                  redact_rules=self.redact_rules,
+                                                                  keys=KeyHolder(Tokens(secret), {})))
         try:
             await asyncio.to_thread(recorder.start)
             runner = LocalRunner(self.harness, recorder.config.url, self.dataset, retries=0,
                                  isolate_network=self.isolate_network, model=self.served_model, env=self.env,
-                                 timeout_s=self.timeout_s, name="verl", exe=self.harness.find())
+                                 timeout_s=self.timeout_s, name="verl", exe=self.harness.find(),
+                                 recorder_secret=secret)
             runner.harness_slot = HarnessSlots(1)  # spare once the harness ends: its barrier flushes at once
             rollout = Rollout(task, attempt=int(info.get("attempt", 0)), policy_version=self.policy_version)
             outcome = await asyncio.to_thread(runner.run_one, rollout)

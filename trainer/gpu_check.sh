@@ -7,7 +7,8 @@
 # TOKENS_DIR: forge-convert --to tokens output (a few MiB travel to the GPU machine). The lent GPU
 # machines have torch 2.11 and transformers 5.17 but no veRL and no network, so both halves are
 # plain torch loops run as files (they need torch, transformers and pyarrow, not an installed
-# forgerl): trainer/sft_loop.py for N SFT steps (default 20), then trainer/rl_loop.py for one GRPO
+# forgerl): trainer/sft_loop.py for N SFT steps (default 20; whole rows, logits at the loss positions
+# only, so --max-length applies to the RL half alone), then trainer/rl_loop.py for one GRPO
 # step where every segment is a row, with the rows' rewards, weights, padding rows and advantages
 # from trainer/segment_rl.py (the maths the veRL path uses). The model is a random-initialised
 # Qwen3 built from a config on the machine (hidden 256, 4 layers unless --hidden / --layers say
@@ -41,7 +42,7 @@ export PYTHONUNBUFFERED=1
            "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")'
 
 echo "== SFT: $STEPS steps over $TOKENS"
-"$PY" "$HERE/sft_loop.py" --tokens "$TOKENS" "${MODEL[@]}" "${DEV[@]}" --steps "$STEPS" --max-length "$MAXLEN"
+"$PY" "$HERE/sft_loop.py" --tokens "$TOKENS" "${MODEL[@]}" "${DEV[@]}" --steps "$STEPS"
 
 echo "== RL: one GRPO step, every segment a row"
 "$PY" "$HERE/rl_loop.py" --tokens "$TOKENS" "${MODEL[@]}" "${DEV[@]}" --steps 1 --max-length "$MAXLEN"

@@ -29,6 +29,9 @@ Harness system prompts run to tens of thousands of tokens and veRL's default
 from recorded data (`--lengths-from`: a `forge-convert --to tokens` folder) or
 are given explicitly, and a length below what was recorded is refused unless
 `--allow-truncation`.
+
+`--engine torch` runs none of this: GRPO iterations on CPU in this process,
+each served by the project's policy server (`torch_rl.py`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from forgerl.runners.loader import load_tasks
 
 from .launch import LaunchError, compose, module_command, run, write_config, yaml_list
 from .reward import screen
+from . import torch_rl
 from .segment_rl import CONFIG_KEY, ROWS, SEGMENT_REWARDS, WEIGHTINGS
 
 AGENT_NAME = "forgerl_harness"
@@ -195,6 +199,8 @@ def expansion_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.engine == "torch":
+        return torch_rl.main(args)
     out = Path(args.out)
     with removed_on_user_error(out):  # a bad --tasks or override is found after tasks.parquet is written
         out.mkdir(parents=True, exist_ok=True)
@@ -207,9 +213,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("rl", help="veRL PPO/GRPO with a real harness per rollout, served by the policy")
+    p = sub.add_parser("rl", help="PPO/GRPO with a real harness per rollout, served by the policy (veRL, or "
+                                  "--engine torch: CPU iterations)")
+    p.add_argument("--engine", choices=("verl", "torch"), default="verl",
+                   help="verl (default): launch veRL; torch: GRPO iterations in this process on CPU, each served by "
+                        "the project's policy server (trainer/torch_rl.py)")
     p.add_argument("--tasks", required=True, help="task file or folder (QwenClawBench task_*.md or TOML)")
-    p.add_argument("--harness", required=True, help="claude-code, codex, openclaw, zeroclaw")
+    p.add_argument("--harness", required=True, help="claude-code, codex, openclaw, zeroclaw, pi, ...")
     p.add_argument("--model", required=True, help="Hugging Face model folder (the policy)")
     p.add_argument("--data", help="forge-convert --to verl-rl output (default: one row per task)")
     p.add_argument("--out", default="forge-rl", help="configs, rollouts dataset, checkpoints (default ./forge-rl)")
@@ -241,4 +251,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", default="run", help="experiment name")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="further veRL overrides")
     p.add_argument("--dry-run", action="store_true", help="print the configs and the command, run nothing")
+    torch_rl.add_arguments(p)
     p.set_defaults(func=main)

@@ -28,48 +28,55 @@ from typing import Any
 if __package__:
     from .segment_rl import (LOSS_AGG_MODES, SEGMENT_REWARDS, WEIGHTINGS, Row, batch_multiple, expansion_metrics,
                              padding_rows, policy_loss, rollout_rows, to_batch)
-    from .sft_loop import BadInput, load_model, loop_parser, pick_device, read_rows
+    from .sft_loop import loop_parser, read_rows
+    from .torch_model import BadInput, load_model, pick_device, token_logprobs
 else:  # run as a file (gpu_check.sh): its folder is on sys.path, forgerl need not be installed
     from segment_rl import (LOSS_AGG_MODES, SEGMENT_REWARDS, WEIGHTINGS, Row, batch_multiple, expansion_metrics,
                             padding_rows, policy_loss, rollout_rows, to_batch)
-    from sft_loop import BadInput, load_model, loop_parser, pick_device, read_rows
+    from sft_loop import loop_parser, read_rows
+    from torch_model import BadInput, load_model, pick_device, token_logprobs
 
 COLUMNS = ["session_id", "segment_index", "input_ids", "loss_mask", "reward"]
+
+
+def sessions_of(rows: list[dict[str, Any]], max_length: int) -> dict[str, list[dict[str, Any]]]:
+    """Token rows with loss tokens in their last `max_length` by session, each session's in segment order."""
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if any(r["loss_mask"][-max_length:]):
+            sessions.setdefault(r["session_id"], []).append(r)
+    for found in sessions.values():
+        found.sort(key=lambda r: r["segment_index"])
+    return sessions
+
+
+def segments(rows: list[dict[str, Any]], max_length: int) -> list[tuple[list[int], list[int], list[int], list]]:
+    """A session's rows as `rollout_rows` segments (prompt ids, response ids, response mask, no logprobs), each
+    cut to its last `max_length` tokens; the response starts at the first loss token."""
+    out = []
+    for r in rows:
+        ids, mask = r["input_ids"][-max_length:], r["loss_mask"][-max_length:]
+        start = mask.index(1)
+        out.append((ids[:start], ids[start:], mask[start:], []))
+    return out
 
 
 def shard_rows(tokens: Path, max_length: int, segment_reward: str, gamma: float, weighting: str,
                loss_agg_mode: str) -> tuple[list[Row], bool]:
     """The shards' rows as training rows (each cut to its last `max_length` tokens), and whether any reward
     is a stand-in."""
-    sessions: dict[str, list[dict[str, Any]]] = {}
-    for r in read_rows(tokens, COLUMNS):
-        if any(r["loss_mask"][-max_length:]):
-            sessions.setdefault(r["session_id"], []).append(r)
+    sessions = sessions_of(read_rows(tokens, COLUMNS), max_length)
     if not sessions:
         raise BadInput(f"{tokens}: no row has loss tokens")
     out: list[Row] = []
     stand_in = False
     for n, (session, found) in enumerate(sessions.items()):
-        found.sort(key=lambda r: r["segment_index"])
         reward = found[-1]["reward"]
         if reward is None:
             reward, stand_in = float(n % 2 == 0), True
-        segments = []
-        for r in found:
-            ids, mask = r["input_ids"][-max_length:], r["loss_mask"][-max_length:]
-            start = mask.index(1)
-            segments.append((ids[:start], ids[start:], mask[start:], []))
-        out += rollout_rows("smoke", session, segments, float(reward), segment_reward, gamma, weighting, loss_agg_mode)
+        out += rollout_rows("smoke", session, segments(found, max_length), float(reward), segment_reward, gamma,
+                            weighting, loss_agg_mode)
     return out, stand_in
-
-
-def token_logprobs(model: Any, input_ids: Any, attention_mask: Any) -> Any:
-    """log p(token t | tokens before t) at every position t (0 at t = 0, which no loss reads)."""
-    import torch
-
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    picked = torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))
 
 
 def rl_step(model: Any, padded: list[Row], device: str, lr: float, mini_batch_rows: int, loss_agg_mode: str,
@@ -87,8 +94,8 @@ def rl_step(model: Any, padded: list[Row], device: str, lr: float, mini_batch_ro
                 for name in ("input_ids", "attention_mask", "response_mask", "advantages", "weights")}
         start = time.perf_counter()
         with torch.no_grad():
-            old = token_logprobs(model, part["input_ids"], part["attention_mask"])
-        new = token_logprobs(model, part["input_ids"], part["attention_mask"])
+            old = token_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"])
+        new = token_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"])
         loss = policy_loss(new, old, part["advantages"], part["response_mask"], part["weights"],
                            loss_agg_mode=loss_agg_mode)
         loss.backward()

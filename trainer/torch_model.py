@@ -1,0 +1,138 @@
+"""The model helpers both torch loops use: a random Qwen3, logits only where a loss reads them, the checkpoint.
+
+`sft_loop.py` (SFT) and `rl_loop.py` / `forge-train rl --engine torch` (GRPO)
+train the same kind of model and write the same checkpoint folder. A loss
+reads the next-token distribution only at the positions it trains, and a
+19k-token Claude Code prompt's full-vocabulary logits would take 11.5 GB
+(151,936 x 4 bytes a token), so the decoder runs for hidden states and the
+output layer is applied at those positions only. Imports only torch,
+transformers and the standard library: `trainer/gpu_check.sh` runs the loops
+as files on machines without forgerl.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+QWEN3_VOCAB = 151936  # Qwen3's embedding rows: the ids in recorded shards go up to here
+POLICY_FILE = "forgerl_policy.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja",
+                   "special_tokens_map.json", "added_tokens.json")
+
+
+class BadInput(Exception):
+    """Shards or a model the loop cannot train on: one line, exit 2 (the loops run as files, without forgerl's
+    `UserError`)."""
+
+
+def pick_device(asked: str) -> str:
+    import torch
+
+    return asked or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def train_dtype(device: str) -> Any:
+    """bfloat16 on a GPU, float32 on CPU: the dtype a loop trains and saves in."""
+    import torch
+
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def random_qwen3(hidden: int, layers: int, dtype: Any, seed: int = 0, vocab_size: int = QWEN3_VOCAB,
+                 eos_id: int | None = None, bos_id: int | None = None) -> Any:
+    """A Qwen3 built from a config with seeded random weights: max(2, hidden // 64) heads (head size 32 at
+    hidden 64, 64 for multiples of 128: sizes vLLM's CPU attention serves), half as many key/value heads."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    heads = max(2, hidden // 64)
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                         head_dim=hidden // heads, max_position_embeddings=65536, tie_word_embeddings=True,
+                         eos_token_id=eos_id, bos_token_id=bos_id)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def load_model(model_path: Path | None, device: str, hidden: int = 256, layers: int = 4, seed: int = 0) -> Any:
+    """The causal LM at `model_path`, or `random_qwen3(hidden, layers)`, on `device` in `train_dtype`, training."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = train_dtype(device)
+    if model_path is None:
+        return random_qwen3(hidden, layers, dtype, seed).to(device).train()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    except (OSError, ValueError) as e:  # no such folder, or a config transformers does not recognise
+        raise BadInput(f"--model {model_path}: cannot load: {str(e).splitlines()[0]}") from None
+    return model.to(device).train()
+
+
+def loss_logits(model: Any, input_ids: Any, attention_mask: Any, targets: Any) -> Any:
+    """Float32 logits predicting each token t where `targets[b, t]` is true (from position t - 1), in row-major
+    order of those tokens: [n, vocab]. `targets[:, 0]` must be false (no position predicts it)."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    return hidden_logits(model, hidden, targets)
+
+
+def hidden_logits(model: Any, hidden: Any, targets: Any) -> Any:
+    """`loss_logits` from the decoder's hidden states [batch, length, hidden]: the output layer at the positions
+    whose next token is a target."""
+    return model.get_output_embeddings()(hidden[:, :-1][targets[:, 1:]]).float()
+
+
+def shared_prefix_backward(model: Any, rows: list[Any], targets: list[Any], prefix: int,
+                           loss: Callable[[Any, Any, Any], Any]) -> float:
+    """Backpropagate the sum over rows (1-d ids, 1-d bool targets; the first `prefix` ids the same in every row,
+    each row longer) of `loss(logits, ids, targets)`, the logits `loss_logits` gives, running the decoder over
+    the prefix once. Each row's remainder attends to the prefix's keys and values (detached copies, so each
+    row's graph is freed by its own backward while their gradients add up), then one backward through the
+    prefix with the summed gradient: the rows' gradient up to float rounding. Returns the summed loss."""
+    import torch
+    from transformers import DynamicCache
+
+    decoder = model.get_decoder()
+    shared = decoder(input_ids=rows[0][None, :prefix], use_cache=True)
+    computed = [t for layer in shared.past_key_values.layers for t in (layer.keys, layer.values)]
+    computed.append(shared.last_hidden_state)
+    leaves = [t.detach().requires_grad_() for t in computed]
+    total = 0.0
+    for ids, wanted in zip(rows, targets):
+        cache = DynamicCache(ddp_cache_data=list(zip(leaves[:-1:2], leaves[1:-1:2])), config=model.config)
+        rest = decoder(input_ids=ids[None, prefix:], past_key_values=cache, use_cache=True).last_hidden_state
+        row_loss = loss(hidden_logits(model, torch.cat([leaves[-1], rest], 1), wanted[None]), ids, wanted)
+        row_loss.backward()
+        total += row_loss.item()
+    reached = [(t, leaf.grad) for t, leaf in zip(computed, leaves) if leaf.grad is not None]
+    torch.autograd.backward([t for t, _ in reached], [g for _, g in reached])
+    return total
+
+
+def token_logprobs(model: Any, input_ids: Any, attention_mask: Any, targets: Any) -> Any:
+    """log p(token t | tokens before t) where `targets[b, t]` is true, 0 elsewhere: [batch, length]."""
+    import torch
+
+    wanted = targets.bool().clone()
+    wanted[:, 0] = False  # nothing predicts the first token
+    picked = torch.log_softmax(loss_logits(model, input_ids, attention_mask, wanted), -1)
+    picked = picked.gather(-1, input_ids[wanted][:, None]).squeeze(-1)
+    out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    out[wanted] = picked
+    return out
+
+
+def save_checkpoint(model: Any, out: Path, tokenizer_dir: Path, policy: dict[str, Any]) -> Path:
+    """A Hugging Face folder vLLM, transformers and the policy server load: the weights in the dtype they
+    trained in, `tokenizer_dir`'s tokenizer files as they are (their chat template's hash is the one served),
+    and `policy` as `forgerl_policy.json`, written last: a folder without it is incomplete."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copyfile(tokenizer_dir / name, out / name)
+    (out / POLICY_FILE).write_text(json.dumps(policy, indent=1) + "\n")
+    return out
