@@ -18,7 +18,7 @@ VL_STAMP := $(VL_SITE)/.installed
 BROWSER_VENV := .venv-browser
 BROWSER_STAMP := $(BROWSER_VENV)/.installed
 
-.PHONY: demo test bench lock clean browser vllm harnesses claweval dist
+.PHONY: demo demo-learn test bench lock clean browser vllm harnesses claweval dist
 
 $(PY_STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -98,6 +98,11 @@ $(NPM_STAMP): package.json package-lock.json
 
 demo: $(PY_STAMP)
 	$(BIN)/python examples/demo.py
+
+# Issue 35's loop: teacher recorded in Claude Code and pi -> tokens -> SFT on CPU -> vLLM serves v0 and v1 ->
+# held-out compare + report in learn-out/ (examples/learn.py). LEARN_FLAGS=--fresh replaces an earlier run.
+demo-learn: $(TRAIN_STAMP) $(VLLM_STAMP) $(NPM_STAMP)
+	$(BIN)/python examples/learn.py --out learn-out $(LEARN_FLAGS)
 
 # The sdist and, built from it, the wheel, in dist/ (what `pip install` outside the checkout takes;
 # tests/test_wheel.py builds and installs them the same way).

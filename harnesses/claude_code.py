@@ -60,7 +60,11 @@ class ClaudeCode(Harness):
         argv = [exe, "-p", ctx.prompt, "--output-format", "json", "--dangerously-skip-permissions"]
         if ctx.model:
             argv += ["--model", ctx.model]
-        env = {**harness_env(ctx.base_url, ctx.session), **self.base_env(ctx), **self.offline_env(), "IS_SANDBOX": "1"}
+        # A rollout's system prompt leaves out the `x-anthropic-billing-header` line: it carries a hash of each
+        # prompt (cc_version=2.1.197.<3 hex>), billing metadata for Anthropic's API that no policy can know and that
+        # breaks every shared prefix after its first 22 tokens (vLLM's prefix cache, shared-prefix SFT).
+        env = {**harness_env(ctx.base_url, ctx.session), **self.base_env(ctx), **self.offline_env(), "IS_SANDBOX": "1",
+               "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
         return argv, env
 
     def resume_command(self, exe: str, ctx: RunContext, message: str) -> tuple[list[str], dict[str, str]]:

@@ -14,7 +14,8 @@ origin the recorder forwards to (http://HOST:PORT, no /v1; request paths
 pass through unchanged), speaking the harness's own API. --policy URL instead
 answers the harness from a policy server (vLLM protocol, token in / token out)
 through `forge-record serve --policy` (serve mode, token ids recorded),
-sampling at --temperature and --top-p (0: greedy, for evaluation). A
+sampling at --temperature and --top-p (0: greedy, for evaluation), at
+most --max-tokens a turn. A
 recorder (`forge-record serve`, a process of its own) is started on a free
 loopback port for the run, or given with --recorder-url (a `forge-record
 serve` the pods can reach, e.g. deploy/recorder.yaml).
@@ -121,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="with --policy: sampling temperature (default 1.0; 0 is greedy, for evaluation)")
     p.add_argument("--top-p", type=float, default=1.0, help="with --policy: nucleus sampling (default 1.0)")
+    p.add_argument("--max-tokens", type=int, default=1024, metavar="N",
+                   help="with --policy: the gateway's cap on tokens a turn (default 1024)")
     p.add_argument("--attempts", type=_positive, default=1, metavar="K", help="attempts per task (default 1)")
     p.add_argument("--parallel", type=_positive, default=1, metavar="N",
                    help="harnesses running at once (default 1); a finished rollout is graded beside the next")
@@ -247,7 +250,7 @@ def run_round(args: argparse.Namespace, tasks: list[Task], policy_version: str) 
         if todo and not recorder_url and args.policy:
             recorder_url = stack.enter_context(policy_recorder(out, args.policy, args.tokenizer, args.served_model,
                                                                policy_version, args.redact_rules, secret,
-                                                               (args.temperature, args.top_p)))
+                                                               (args.temperature, args.top_p, args.max_tokens)))
         if todo and not recorder_url:
             recorder_url = stack.enter_context(upstream_recorder(out, args.upstream, policy_version,
                                                                  args.redact_rules, secret))
@@ -319,6 +322,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--policy needs --tokenizer DIR and --served-model NAME")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise UserError(f"--temperature must be >= 0 and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
+    if args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.upstream and not args.upstream.startswith(("http://", "https://")):
         raise UserError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
     if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):

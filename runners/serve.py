@@ -59,11 +59,13 @@ def upstream_recorder(out: Path, upstream: str, policy_version: str = "", redact
 
 def policy_recorder(out: Path, policy: str, tokenizer: str, served_model: str,
                     policy_version: str = "", redact_rules: str = "", secret: str = "",
-                    sampling: tuple[float, float] = (1.0, 1.0)) -> Iterator[str]:
-    """`forge-record serve --policy ...` for the duration, sampling at (temperature, top-p); yields its URL."""
-    temperature, top_p = sampling
+                    sampling: tuple[float, float, int] = (1.0, 1.0, 1024)) -> Iterator[str]:
+    """`forge-record serve --policy ...` for the duration, sampling at (temperature, top-p) with at most max-tokens
+    a turn; yields its URL."""
+    temperature, top_p, max_tokens = sampling
     return recorder_process(out, ["--policy", policy, "--tokenizer", tokenizer, "--served-model", served_model,
-                                  "--temperature", str(temperature), "--top-p", str(top_p)],
+                                  "--temperature", str(temperature), "--top-p", str(top_p),
+                                  "--max-tokens", str(max_tokens)],
                             policy_version, redact_rules, secret)
 
 

@@ -239,9 +239,10 @@ def test_check_serve_against_real_vllm_in_float32(policies, tmp_path):
     assert len(wrong.stderr.strip().splitlines()) == 1
 
 
-def test_forge_run_refuses_bad_sampling_in_one_line(tmp_path):
+@pytest.mark.parametrize("flags, says", [(("--temperature", "-1"), "--temperature must be >= 0"),
+                                         (("--max-tokens", "0"), "--max-tokens must be at least 1")])
+def test_forge_run_refuses_bad_sampling_in_one_line(tmp_path, flags, says):
     done = forge("forge-run", str(TASKS), "--harness", "pi", "--policy", "http://127.0.0.1:9", "--tokenizer",
-                 str(tmp_path), "--served-model", "p", "--temperature", "-1", "--out", str(tmp_path / "d"),
-                 timeout=120)
-    assert done.returncode == 2 and "--temperature must be >= 0" in done.stderr, done.stderr
+                 str(tmp_path), "--served-model", "p", *flags, "--out", str(tmp_path / "d"), timeout=120)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
