@@ -27,8 +27,8 @@ from forgerl.errors import UserError
 from forgerl.schema import duck
 from forgerl.schema.attempts import Scope, pass_rate_rows, register
 
-# A session's own scope: the harness, model and policy version its latest outcome row (as `source.py` picks the
-# session's outcome: the highest attempt) was placed in.
+# A session's own scope: the harness, model and policy version its outcome row was placed in. A session has one
+# (`converters/joins.py` refuses a dataset where it has several that differ); the QUALIFY keeps one of exact repeats.
 SESSION_SCOPES = """
 SELECT session_id, harness, model, policy_version FROM outcome_scopes
 QUALIFY row_number() OVER (PARTITION BY session_id ORDER BY attempt DESC NULLS LAST) = 1

@@ -12,7 +12,7 @@ the wrong rows shows up as a student that does not learn. Stages:
 2. convert: `forge-convert --to tokens` with the offline Qwen tokenizer;
 3. sft: `forge-train sft --engine torch`: v0 (a seeded random Qwen3, 0 steps), then v1 from v0;
 4. eval v0, v1: each served by real vLLM (float32, its training dtype), run greedy on
-   benchmarks/learn/heldout in each harness (`forge-run --policy --temperature 0`);
+   benchmarks/learn/heldout in each harness (`forge-run --policy --temperature 0 --max-tokens 256`);
 5. check-serve: vLLM's logprobs on v1's calls against the checkpoint's own;
 6. replay: the baseline (always the most common training trajectory) on held-out;
 7. compare + report: `forge-analyze compare` v0 -> v1 and replay -> v1 per harness on the
@@ -55,6 +55,7 @@ BIN = Path(sys.executable).parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 HELDOUT = "learn-heldout-*"
 SERVED = "student"
+EVAL_MAX_TOKENS = 256  # a turn: the teacher's longest is ~60 tokens; an untrained student would ramble to 1024
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -218,7 +219,7 @@ def evaluate(loop: Loop, version: str) -> None:
     with loop.stage(f"eval {version}") as stage, vllm(loop, stage, ckpt) as url:
         for harness in loop.plan.harnesses:
             loop.run_tasks(stage, "heldout", harness, version, "--policy", url, *tokenizer_args(ckpt, SERVED),
-                           "--temperature", "0")
+                           "--temperature", "0", "--max-tokens", str(EVAL_MAX_TOKENS))
 
 
 def check_serve(loop: Loop) -> str:
