@@ -17,6 +17,8 @@ VL_SITE := $(VENV)/vl-site
 VL_STAMP := $(VL_SITE)/.installed
 BROWSER_VENV := .venv-browser
 BROWSER_STAMP := $(BROWSER_VENV)/.installed
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 
 .PHONY: demo demo-learn test bench lock clean browser vllm harnesses claweval dist
 
@@ -74,6 +76,13 @@ $(BROWSER_STAMP): requirements-browser.lock
 	$(BROWSER_VENV)/bin/pip install -q --no-deps -r requirements-browser.lock
 	touch $@
 
+# MLflow's tracking server, the OTLP receiver of the OpenTelemetry export tests (tests/mlflow_server.py), in
+# a venv of its own (its pins are not ours).
+$(MLFLOW_STAMP): requirements-mlflow.lock
+	test -x $(MLFLOW_VENV)/bin/python || $(PY) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install -q --no-deps -r requirements-mlflow.lock
+	touch $@
+
 harnesses: $(NPM_STAMP)
 
 # The pinned harness CLIs the end-to-end tests drive, and the Node 24 they run
@@ -114,7 +123,7 @@ dist: $(PY_STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: $(TRAIN_STAMP) $(VL_STAMP) $(NPM_STAMP) $(VLLM_STAMP) $(MINI_STAMP) $(BROWSER_STAMP) browser
+test: $(TRAIN_STAMP) $(VL_STAMP) $(NPM_STAMP) $(VLLM_STAMP) $(MINI_STAMP) $(BROWSER_STAMP) $(MLFLOW_STAMP) browser
 	$(BIN)/python -m pytest -q
 
 bench: $(TRAIN_STAMP)
@@ -143,4 +152,4 @@ lock:
 	/tmp/forgerl-lock/bin/pip freeze > requirements-vllm.lock
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MINI_VENV) $(BROWSER_VENV) node_modules forge-data dist
+	rm -rf $(VENV) $(VLLM_VENV) $(MINI_VENV) $(BROWSER_VENV) $(MLFLOW_VENV) node_modules forge-data dist

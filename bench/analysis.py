@@ -71,7 +71,7 @@ def _codex_action(rng: random.Random, t: int) -> tuple[str, dict]:
 def _write_sessions(root: str, first: int, count: int, calls: int = CALLS_PER_SESSION, prefix: str = "s") -> None:
     from forgerl.schema.messages import Exchange, Message, Part, Usage
     from forgerl.schema.records import CallRecord
-    from forgerl.schema.store import DatasetWriter
+    from forgerl.schema.writer import DatasetWriter
 
     t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
     with DatasetWriter(root, flush_interval=20.0, source="bench") as w:

@@ -98,7 +98,7 @@ def build_dataset(root: Path, sessions: int, turns: int, shape_name: str = "smal
     from forgerl.schema.chat import chat_tools, to_chat_messages
     from forgerl.schema.messages import Exchange, Message, Part
     from forgerl.schema.records import CallRecord
-    from forgerl.schema.store import DatasetWriter
+    from forgerl.schema.writer import DatasetWriter
 
     tok = load_tokenizer(tokenizer_dir())
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -144,7 +144,7 @@ def build_gui_dataset(root: Path, sessions: int, turns: int) -> None:
     from forgerl.recorder.images import image_size
     from forgerl.schema.messages import Exchange, Message, Part, sha256_hex
     from forgerl.schema.records import CallRecord
-    from forgerl.schema.store import DatasetWriter
+    from forgerl.schema.writer import DatasetWriter
     from gui_sessions import ACTIONS, screenshot
 
     t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)

@@ -58,7 +58,7 @@ from forgerl.runners.local import LocalRunner  # noqa: E402
 from forgerl.runners.rollout import Rollout  # noqa: E402
 from forgerl.runners.serve import upstream_recorder  # noqa: E402
 from forgerl.runners.loader import find_task  # noqa: E402
-from forgerl.schema.store import DatasetWriter  # noqa: E402
+from forgerl.schema.writer import DatasetWriter  # noqa: E402
 
 
 def machine_cpu_s() -> float:

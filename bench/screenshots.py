@@ -51,7 +51,7 @@ def main() -> int:
     from gui_sessions import screenshot
 
     from forgerl import printer
-    from forgerl.schema.store import compact
+    from forgerl.schema.maintenance import compact
 
     png = sum(len(screenshot(step, size, listing=True)) for step in range(args.steps))
     rows = []

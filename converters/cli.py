@@ -1,4 +1,4 @@
-"""`forge-convert`: turn a recorded dataset into veRL SFT, RL, token-level shards or ATIF trajectories."""
+"""`forge-convert`: turn a recorded dataset into veRL SFT, RL, token-level shards, ATIF trajectories or OTLP traces."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.schema.attempts import Scope
+from forgerl.schema.staging import local_copy
+from forgerl.schema.storage import local_only, locate
 
-from . import drift
+from . import drift, otel
 from .filters import Filters
 from .pipeline import TARGETS, Options, convert
 from .solve_rate import SolveRate
@@ -34,6 +36,9 @@ outputs (under OUT, written aside and renamed into place at the end):
                      filters applied (--solve-rate with its scope), counts,
                      and the drift report (template vs engine ids)
   verl_config.yaml   data.* keys for veRL (verl-sft, verl-rl)
+  traces.jsonl       otel: one OTLP/JSON ExportTraceServiceRequest per session
+                     (OpenTelemetry GenAI spans; POST a line to a collector's
+                     /v1/traces); the filters do not apply to it
 
 environment:
   FORGE_CONVERT_MEMORY  DuckDB's memory limit (default 512MB); sessions are read
@@ -50,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge-convert", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", type=Path, help="dataset root written by forge-record")
-    p.add_argument("--to", required=True, help=f"output kind: {', '.join(TARGETS)}")
+    p.add_argument("--to", required=True, help=f"output kind: {', '.join((*TARGETS, 'otel'))}")
     p.add_argument("--out", required=True, type=Path, help="output directory (replaced atomically)")
     p.add_argument("--tokenizer", help="tokenizer path or name with a chat template (needed for tokens; "
                                        "gives the drift report for verl-sft)")
@@ -90,12 +95,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-name", default="forgerl_harness", help="agent_name of verl-rl rows")
     p.add_argument("--max-length", type=int, default=32768, help="max_length in the veRL config snippet")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--otel-content", action="store_true",
+                   help="--to otel: put message content on the call spans (new messages, answer, instructions, "
+                        "tool definitions; images as blob references)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.to == "otel":
+        return run_verb("forge-convert", lambda: _export_otel(args))
     return run_verb("forge-convert", lambda: _convert(args, _options(args)))
+
+
+def _export_otel(args: argparse.Namespace) -> int:
+    local_only(args.dataset, "forge-convert --to otel")
+    manifest = otel.export(args.dataset, args.out, args.otel_content)
+    print(f"forge-convert: {manifest['sessions']} sessions, {manifest['spans']} spans -> {args.out}", file=sys.stderr)
+    return 0
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -122,7 +139,9 @@ def _solve_rate(args: argparse.Namespace) -> SolveRate | None:
 
 
 def _convert(args: argparse.Namespace, opts: Options) -> int:
-    manifest = convert(args.dataset, args.out, opts)
+    with local_copy(args.dataset) as dataset:  # an s3:// input is staged: DuckDB reads local files only here
+        staged = dataset is not args.dataset
+        manifest = convert(Path(dataset), args.out, opts, source=locate(args.dataset)[1] if staged else None)
     counts = manifest["counts"]
     print(f"forge-convert: {counts.get('sessions', 0)} sessions, {counts.get('segments', 0)} segments, "
           f"{counts.get('rows_train', 0)} train + {counts.get('rows_val', 0)} val rows"

@@ -77,7 +77,7 @@ class Options:
 
 def check_options(opts: Options) -> None:
     if opts.target not in TARGETS:
-        raise UsageError(f"unknown --to {opts.target!r}; choose from {', '.join(TARGETS)}")
+        raise UsageError(f"unknown --to {opts.target!r}; choose from {', '.join(TARGETS)}, otel")  # otel: cli.py
     if opts.target == "verl-sft" and opts.mode == "per-call":
         raise UsageError("--to verl-sft --mode per-call would train each turn once per later call "
                          "(veRL puts loss on every assistant message): use --mode thread, or --to tokens")
@@ -120,8 +120,9 @@ def _dedupe_key(target: str, row: dict[str, Any]) -> bytes:
     return canonical_json([row["prompt"], row["data_source"]]).encode()
 
 
-def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
-    """Run the conversion; everything appears at `out` at the end, or nothing."""
+def convert(root: Path, out: Path, opts: Options, source: str | None = None) -> dict[str, Any]:
+    """Run the conversion; everything appears at `out` at the end, or nothing. `source`: the dataset the manifest
+    names, where `root` is a local copy of it (an s3:// input, `schema.staging`)."""
     check_options(opts)
     dataset_manifest = check_dataset(root)
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
@@ -140,6 +141,7 @@ def convert(root: Path, out: Path, opts: Options) -> dict[str, Any]:
     try:
         with _startup_frozen():
             manifest = _run(root, con, output, writers, opts, renderer, pads, dataset_manifest, hashing)
+        manifest["input"]["dataset"] = source or manifest["input"]["dataset"]
         output.write_json("manifest.json", manifest)
         output.commit()
         return manifest

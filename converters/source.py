@@ -35,7 +35,8 @@ from forgerl.schema import duck
 from forgerl.schema.messages import Message
 from forgerl.schema.records import MessageMemo, call_forms
 from forgerl.schema.segments import engine_ids, succeeded
-from forgerl.schema.files import DatasetError, SchemaVersionError, data_files, file_version
+from forgerl.schema.conform import file_version
+from forgerl.schema.files import DatasetError, SchemaVersionError, data_files
 from forgerl.schema.store import open_dataset
 from forgerl.schema.tables import SCHEMA_VERSION, TABLES
 

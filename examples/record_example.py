@@ -19,7 +19,8 @@ import analysis_scenarios as scenarios  # noqa: E402
 from scripted_upstream import ScriptedUpstream  # noqa: E402
 
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig  # noqa: E402
-from forgerl.schema.store import DatasetWriter, compact  # noqa: E402
+from forgerl.schema.maintenance import compact  # noqa: E402
+from forgerl.schema.writer import DatasetWriter  # noqa: E402
 
 ATTEMPTS = 3
 # scenario -> (task, reward per attempt); None = infra_error (not an attempt).

@@ -28,13 +28,14 @@ from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.harnesses import launch, recorded_commands
 from forgerl.schema.files import read_manifest
-from forgerl.schema.store import compact, delete_session
+from forgerl.schema.maintenance import compact, delete_session
 from forgerl.schema.toolcalls import FORMATS
 
 from . import summary
 from .policy import HTTPPolicy, Policy, Sampling, ScriptedPolicy, check_trained_template, turns
 from .credentials import DEFAULT_KEY_ENV, DEFAULT_TTL_S, MAX_TTL_S, SECRET_ENV, KeyHolder, Tokens, secret_from_env
 from .images import IMAGE_MODES
+from .otlp import add_otlp_flag, configure_export
 from .proxy import ANTHROPIC_API, GEMINI_API, OPENAI_API, BackgroundRecorder, RecorderConfig, serve_forever
 
 
@@ -55,6 +56,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "default keep")
     p.add_argument("--policy-version", default="", help="tag every call with this policy/weights version")
     p.add_argument("--labels", default="", metavar="JSON", help='labels for new sessions, e.g. \'{"task":"t1"}\'')
+    add_otlp_flag(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command in ("serve", "run"):
+        configure_export(args)
     if args.command in ("ls", "show", "compact", "delete"):
         read_manifest(Path(args.dir))
     return COMMANDS[args.command](args)

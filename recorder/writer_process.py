@@ -371,10 +371,11 @@ class CallSink:
     not be recorded whole was not; `failed` counts those of every session.
     """
 
-    def __init__(self, writer, barrier: Callable[[int, int, bool, list[str]], None]) -> None:
+    def __init__(self, writer, barrier: Callable[[int, int, bool, list[str]], None], exporter=None) -> None:
         from .redact import Redactor
 
         self.writer = writer
+        self.exporter = exporter  # `otlp.OtlpExporter` (`--otlp URL`): gets each call row as written
         self.barrier = barrier
         self.redactor = Redactor()
         self.images = "keep"  # forge-record --images
@@ -435,7 +436,7 @@ class CallSink:
             hid = identify(record.request_headers or {}, record.exchange)
             self.writer.add_session(call.session_id, harness=hid.name, harness_rank=hid.rank,
                                     harness_evidence=hid.evidence, user_agent=user_agent, labels=self.labels)
-            self.writer.add_call(record)
+            row = self.writer.add_call(record)
         except Exception as e:  # never let one odd call stop the recorder, nor pass unseen
             why = self.redactor.text(f"{BUG}: recording it raised {type(e).__name__}: {e}")
             self.fail(call, e, why, kept=self._keep_raw(call, why, user_agent))
@@ -443,6 +444,8 @@ class CallSink:
         self.recorded[call.session_id] += 1
         if bug is not None:
             self.fail(call, bug, str(bug), kept=True)
+        if self.exporter is not None:
+            self.exporter.call(row, record, hid.name)
 
     def _keep_raw(self, call: CapturedCall, why: str, user_agent: str) -> bool:
         """After a failure, store what the in-flight snapshot would: raw bytes and times, `why` as the error."""
@@ -476,7 +479,9 @@ class CallSink:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from forgerl.schema.store import DatasetWriter
+    from forgerl.schema.writer import DatasetWriter
+
+    from .otlp import OtlpExporter
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -494,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     channel.write(READY + b"\n")
     channel.flush()
     flusher = Flusher(writer, channel)
-    sink = CallSink(writer, flusher.request)
+    sink = CallSink(writer, flusher.request, OtlpExporter.from_env())
     try:
         for batch in _read_frames(sys.stdin.buffer):
             for message in batch:
@@ -506,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         sink.close()
         flusher.stop()
         writer.close()
+        if sink.exporter is not None:
+            sink.exporter.close()
     flusher.send({"call_failures": sink.failed})
     return 1 if sink.failed else 0
 

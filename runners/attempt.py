@@ -101,9 +101,9 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
     layout = task.layout(rollout_dir, workspace, in_image=config.in_pod)
     cwd = Path(layout.workdir) if layout else workspace
     agent_s = config.timeout_s or task.timeout_s
-    # In a pod the NetworkPolicy isolates the network: namespaces only where the task needs them, or where the pod
-    # holds the judge's or the user model's key (the jail's own /proc keeps it from the harness).
-    isolate = bool(layout or task.services or config.judge or config.user) if config.in_pod else config.isolate_network
+    # In a pod the NetworkPolicy isolates the network: namespaces only where the task needs them (the judge's and the
+    # user model's keys are in the pod's model-keys container, not in this one).
+    isolate = bool(layout or task.services) if config.in_pod else config.isolate_network
     runs: list[tuple[Result, Sandbox, RunContext]] = []
     dialogue = bool(task.persona and config.user)
     # A grade() that reads files alone runs in the (single) jail after the harness: no process of its own.
@@ -120,10 +120,12 @@ def run_attempt(config: AttemptConfig, task: Task, session: str, rollout_dir: Pa
             ctx = RunContext(task.prompt, cwd, home, sandbox.base_url, session, config.model, dict(config.keys),
                              mcp_servers=task.mcp_servers)
             argv, harness_env = config.harness.full_command(config.exe, ctx, reply)
-            env = config.base_env | (layout.env if layout else {}) | harness_env
+            env = config.base_env | (layout.env if layout else {}) | harness_env | (
+                {"HOME": layout.home} if layout and layout.home else {})
             try:  # confined before a harness slot frees, so the harness starts the moment one does
                 sandbox.confine(argv, env, cwd, cpu_s=task.cpu_s, memory_mb=task.memory_mb, layout=layout,
-                                harness_timeout_s=left, services=task.services, grade=grade)
+                                harness_timeout_s=left, services=task.services, grade=grade,
+                                mcp_servers=task.mcp_servers)
                 _add(timings, "setup", (clock if not runs else start), time.monotonic())
                 start = time.monotonic()
                 # 2. run the harness

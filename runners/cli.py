@@ -70,8 +70,10 @@ from forgerl.cli import run_verb
 from forgerl.errors import UserError
 from forgerl.harnesses import HARNESSES, get_harness, mcp_help, resume_help
 from forgerl.recorder.credentials import new_secret, secret_from_env
+from forgerl.recorder.otlp import add_otlp_flag, configure_export
 from forgerl.recorder.redact import Redactor
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.storage import local_only
+from forgerl.schema.writer import DatasetWriter
 
 from . import outcomes
 from .grading import Judge
@@ -137,26 +139,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", action="append", default=[], metavar="ID", help="only these task ids (repeatable)")
     p.add_argument("--judge", default="", metavar="URL", help="an OpenAI-compatible API base for the LLM-judged "
                    "parts of ClawEval graders (key from FORGE_JUDGE_API_KEY or OPENAI_API_KEY; on Kubernetes "
-                   "the pods' own, from the pod template's Secret); without it they score 0 and outcomes say "
+                   "the pod's model-keys sidecar's, from the template's Secret); without it they score 0 and outcomes say "
                    "'not graded'")
     p.add_argument("--judge-model", default="", metavar="M", help="with --judge: the judge's model name")
     p.add_argument("--user-model", default="", metavar="URL", help="an OpenAI-compatible API base for the "
                    "simulated user of tasks with a persona (ClawEval user_agent; key from FORGE_USER_MODEL_API_KEY or "
-                   "OPENAI_API_KEY; on Kubernetes the pods' own, from the pod template's Secret); without it those "
+                   "OPENAI_API_KEY; on Kubernetes the pod's model-keys sidecar's, from the template's Secret); without it those "
                    "tasks are skipped")
     p.add_argument("--user-model-name", default="", metavar="M", help="with --user-model: its model name")
     p.add_argument("--no-network-isolation", action="store_true",
                    help="local runner: do not put harnesses in a network namespace")
-    p.add_argument("--allow-shared-proc", action="store_true",
+    p.add_argument("--allow-weak-jail", "--allow-shared-proc", dest="allow_weak_jail", action="store_true",
                    help="local runner: run even where the harnesses would share forgerl's /proc (no PID namespace: "
-                   "--no-network-isolation, or no unshare here), so an agent could read the keys in forgerl's "
-                   "processes' environments")
+                   "--no-network-isolation, or no unshare here) or run as forgerl's own uid (no uid switch here), so "
+                   "an agent could read the keys in forgerl's processes' environments and every file forgerl may")
     p.add_argument("--redact-rules", default="", metavar="FILE",
                    help="extra redaction regexes, one per line, for the recorder forge-run starts and for what "
                    "outcomes keep of the harness's own words (its stderr, own transcript, final answer); keys, "
                    "tokens and .env secrets are always redacted. A recorder given with --recorder-url keeps its own")
     p.add_argument("--recorder-url", default="", help="use this running recorder instead of starting one "
                    "(required for --runner kubernetes unless pods can reach this machine)")
+    add_otlp_flag(p)
     p.add_argument("--pass-keys", action="store_true",
                    help="give each harness the real model-API key (the recorder passes it through) instead of a "
                    "token for its own session, revoked once the rollout is graded (the default: only the recorder "
@@ -302,16 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     return run_verb("forge-run", lambda: _run(args))
 
 
-def _check_proc_isolation(args: argparse.Namespace) -> None:
-    """Refuse (or, with --allow-shared-proc, warn) where a local harness would see forgerl's processes in /proc."""
-    from .sandbox import shared_proc_reason
+def _check_jail(args: argparse.Namespace) -> None:
+    """Refuse (or, with --allow-weak-jail, warn) where a local harness could read forgerl's keys or root's files."""
+    from .sandbox import weak_jail_reason
 
-    why = shared_proc_reason(not args.no_network_isolation)
-    if why and not args.allow_shared_proc:
-        raise UserError(f"harnesses would see forgerl's processes in /proc and could read their keys ({why}); "
-                        "pass --allow-shared-proc to accept that")
+    why = weak_jail_reason(not args.no_network_isolation)
+    if why and not args.allow_weak_jail:
+        raise UserError(f"harnesses could read forgerl's keys and files ({why}); pass --allow-weak-jail to accept that")
     if why:
-        print(f"forge-run: warning: harnesses see forgerl's processes in /proc ({why})", file=sys.stderr)
+        print(f"forge-run: warning: harnesses could read forgerl's keys and files ({why})", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -326,16 +328,20 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.upstream and not args.upstream.startswith(("http://", "https://")):
         raise UserError(f"--upstream must be http(s)://HOST[:PORT], got {args.upstream!r}")
+    local_only(args.out, "forge-run --out")  # its graders and resume check read the dataset as local files
     if args.watch and not (args.upstream or args.policy.startswith("http") or args.policy_version_from):
         raise UserError("--watch needs --upstream or --policy (their /v1/models) or --policy-version-from")
     if args.watch and args.policy_version:
         raise UserError("--policy-version tags one round; --watch reads each round's version from the policy")
+    if args.otlp and args.recorder_url:
+        raise UserError("--otlp exports from the recorder forge-run starts; give it to the --recorder-url recorder")
+    configure_export(args, outcomes=True)  # the runner ends each session's trace with its outcome
     if bool(args.judge) != bool(args.judge_model):
         raise UserError("--judge URL and --judge-model M go together")
     if bool(args.user_model) != bool(args.user_model_name):
         raise UserError("--user-model URL and --user-model-name M go together")
     if args.runner == "local":
-        _check_proc_isolation(args)
+        _check_jail(args)
     args.recorder_secret = secret_from_env() if args.recorder_url and not args.pass_keys else ""
     args.redactor = Redactor.from_file(args.redact_rules) if args.redact_rules else KEY_SHAPES
     persona_refusal = refusal(_user_model(args), get_harness(args.harness))

@@ -22,7 +22,9 @@ and killed. The status is the harness's (128 + signal when killed by one).
 With the namespaces, the harness itself runs as PID 1 of one more PID
 namespace, with a `/proc` of that namespace's own and no capabilities
 (`_run_hidden`): no process of forgerl's, this jail included, is in its
-sight, so it cannot read the keys in their environments.
+sight, so it cannot read the keys in their environments. Where the runner
+asks (`JailSpec.user`), it also runs as a uid of its own
+(`harness_user.py`), owning its workspace and HOME and no file of root's.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .bridge import connector_from, forward
-from .mountns import enter_root, own_proc
+from .harness_user import hand_over, runtime
+from .mountns import enter_root, own_proc, reach
 from .namespaces import CLONE_NEWNET, CLONE_NEWPID, LIBC, drop_capabilities, open_namespace, unshare
 from .services import ServiceStage
 from .verifier import VerifierStage, kill_namespace, run_stage, snapshot
@@ -77,6 +80,10 @@ class JailSpec:
     # Optional: {"code", "workspace"}, a grade() that reads files alone, run by the jail once the harness has ended
     # (`forkserver`'s jail job), so a rollout's grade costs no process of its own.
     grade: dict | None = None
+    # Optional, with the namespaces: [uid, gid] the harness runs as (`harness_user.py`), its own folders handed to it.
+    user: list[int] | None = None
+    reach: list[str] = field(default_factory=list)  # with `user`: files besides its own it must reach (MCP servers')
+    scratch: str = ""  # with `user`: its own temp dir (its TMPDIR), handed to it too
 
 
 def loopback_up() -> None:
@@ -364,20 +371,33 @@ def _run_hidden(spec: JailSpec, stdout: int, stderr: int, runner: socket.socket)
 
 
 def _exec_harness(spec: JailSpec, stdout: int, stderr: int) -> int:
-    """Become the harness (PID 1 of its namespace): its own `/proc`, its stdio, no capabilities (127 if it cannot
-    be started)."""
+    """Become the harness (PID 1 of its namespace): its own `/proc`, its stdio, no capabilities, and where asked its
+    own uid, holding its folders (127 if it cannot be started)."""
     own_proc()
+    if spec.user:
+        _give_the_harness_user(spec)
     os.chdir(spec.cwd)
     stdin = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
     os.closerange(3, 1 << 20)  # nothing of the jail's (its sockets, the runner's connection) goes with it
-    drop_capabilities()
+    drop_capabilities((spec.user[0], spec.user[1]) if spec.user else None)
     try:
         os.execvpe(spec.argv[0], spec.argv, spec.env)
     except OSError as e:
         os.write(2, f"forgerl-jail: cannot start {spec.argv[0]}: {e}\n".encode())
     return 127
+
+
+def _give_the_harness_user(spec: JailSpec) -> None:
+    """Hand the harness's own folders (its working directory, its HOME with the configs written there for it, its
+    temp dir, the folders a layout binds for it) to its uid, and let it reach them, its runtime and the files its
+    MCP servers need (`mountns.reach`)."""
+    uid, gid = spec.user
+    folders = [spec.cwd, spec.env.get("HOME", ""), spec.scratch, *(target for target, source in spec.binds if source)]
+    own = [p for p in dict.fromkeys(folders) if p and os.path.isdir(p)]
+    hand_over(own, uid, gid)
+    reach([*own, *runtime(spec.argv[0], spec.env.get("PATH", os.defpath)), *spec.reach], uid, gid)
 
 
 def _status(wait_status: int) -> int:

@@ -2,12 +2,13 @@
 
 Each rollout becomes a Pod made from `pod-template.yaml` (package data beside
 this module, or your own template): the runner sets its name, labels, image,
-the FORGE_* environment (task, session, the recorder's URL; the judge's URL
-and model, never their keys: those come from a Secret the template names),
-resources from the task's limits and an `activeDeadlineSeconds`. A task with
-services or a verifier, and a pod given a judge or a simulated user (whose
-keys it then holds), gets `CAP_SYS_ADMIN` for the jail's namespaces, so its
-harness has a /proc of its own and cannot read the pod entry's environment.
+the FORGE_* environment (task, session, the recorder's URL), resources from
+the task's limits and an `activeDeadlineSeconds`. A task with services or a
+verifier gets `CAP_SYS_ADMIN` for the jail's namespaces. The judge's and the
+simulated user's keys never enter the rollout's container, where the harness
+runs as the same user as the pod entry: the template's `model-keys` sidecar
+holds them (from a Secret it maps) and forwards the pod's calls to those
+APIs (`model_keys.py`); the rollout's container gets its loopback URLs.
 With a `recorder_secret` (forge-run's default: the recorder holds the
 model-API keys) the runner registers each rollout with the recorder over its
 authenticated control endpoints and puts only the rollout's token in the
@@ -46,11 +47,13 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from forgerl.errors import UserError
 from forgerl.harnesses import Harness, Key
 from forgerl.recorder.credentials import DEFAULT_KEY_ENV
 from forgerl.recorder.writer_process import RecorderFailure
 
 from .grading import Judge
+from .model_keys import CONTAINER as MODEL_KEYS, DEFAULT_PORT, PORT_VARIABLE, ROUTES, loopback_url
 from .pod import NOTES_CUT, RECORDER_FAILURE, RESULT_KEYS, logged_result
 from .rollout import BatchRunner, InfraError, Outcome, Rollout, now
 from .serve import rollout_keys
@@ -122,14 +125,15 @@ class KubernetesRunner(BatchRunner):
     deadline_grace_s: float = DEADLINE_GRACE_S
     name: str = "kubernetes"
     image_registry: str = ""  # where images built from Harbor tasks' environment/ are pushed
-    judge: Judge | None = None  # its URL and model go to the pods; its key comes from the template (a Secret)
-    user: UserModel | None = None  # the simulated user, played from the pods as the judge is
+    judge: Judge | None = None  # its URL goes to the pod's model-keys sidecar, whose key comes from a Secret
+    user: UserModel | None = None  # the simulated user, played from the pods through the same sidecar
     recorder_secret: str = ""  # the recorder holds the keys: each pod's harness gets a token (`rollout_keys`)
 
     retry_backoff_s: float = RETRY_BACKOFF_S
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api)
+        check_key_holder(self.template, needed=bool(self.judge or self.user))
 
     # one pod -----------------------------------------------------------
 
@@ -151,6 +155,7 @@ class KubernetesRunner(BatchRunner):
         container = spec["containers"][0]
         if self.image:
             container["image"] = self.image
+        forgerl_image = container["image"]
         task_image = task.container_image(self.image_registry)
         if task_image:
             in_task_image(spec, container, task_image)
@@ -158,13 +163,10 @@ class KubernetesRunner(BatchRunner):
                      "FORGE_HARNESS": self.harness.name, "FORGE_SESSION_ID": session,
                      "FORGE_RECORDER_URL": self.recorder_url, "FORGE_DATASET": self.pod_dataset,
                      "FORGE_MODEL": self.model, "FORGE_TIMEOUT_S": str(timeout)}
-        if self.judge:
-            forge_env |= {"FORGE_JUDGE_URL": self.judge.url, "FORGE_JUDGE_MODEL": self.judge.model}
-        if self.user and task.persona:
-            forge_env |= {"FORGE_USER_MODEL_URL": self.user.url, "FORGE_USER_MODEL_NAME": self.user.model}
+        forge_env |= self._model_apis(spec, forgerl_image, bool(task.persona))
         if keys:
             forge_env |= keys
-        if task.services or self.judge or (self.user and task.persona):  # the jail's own namespaces inside the pod
+        if task.services:  # the jail's own namespaces inside the pod
             allow_namespaces(container)
         dropped = {*forge_env, *(model_key_variables(self.harness) if keys else ())}
         env = [e for e in container.get("env", []) if e.get("name") not in dropped]
@@ -172,6 +174,30 @@ class KubernetesRunner(BatchRunner):
         limits = {"cpu": str(max(1, task.cpu_s // max(1, int(timeout)))), "memory": f"{task.memory_mb}Mi"}
         container["resources"] = {"limits": limits, "requests": dict(limits)}
         return pod
+
+    def _model_apis(self, spec: dict, image: str, persona: bool) -> dict[str, str]:
+        """The judge's and the user model's URLs and models for the rollout's container: loopback URLs of the
+        `model-keys` sidecar, which gets the real ones (and holds the keys) and runs in forgerl's image. A rollout
+        with neither has no sidecar."""
+        apis = {"judge": (self.judge.url, self.judge.model)} if self.judge else {}
+        if self.user and persona:
+            apis["user"] = (self.user.url, self.user.model)
+        holder = next((c for c in spec.get("initContainers", []) if c.get("name") == MODEL_KEYS), None)
+        if holder is None:
+            return {}
+        if not apis:
+            spec["initContainers"].remove(holder)
+            if not spec["initContainers"]:
+                del spec["initContainers"]
+            return {}
+        holder["image"] = image
+        env = {e["name"]: e for e in holder.get("env") or []}
+        port = int(env.get(PORT_VARIABLE, {}).get("value") or DEFAULT_PORT)
+        env |= {ROUTES[route][0]: {"name": ROUTES[route][0], "value": url} for route, (url, _) in apis.items()}
+        holder["env"] = list(env.values())
+        names = {"judge": "FORGE_JUDGE_MODEL", "user": "FORGE_USER_MODEL_NAME"}
+        return {k: v for route, (_, model) in apis.items()
+                for k, v in ((ROUTES[route][0], loopback_url(route, port)), (names[route], model))}
 
     def attempt(self, rollout: Rollout, session: str) -> Outcome:
         t_start = now()
@@ -250,6 +276,20 @@ class KubernetesRunner(BatchRunner):
                  "pod_log_tail": (logs or "")[-LOG_TAIL_BYTES:] or None}
         return Outcome.graded(rollout, session, self.harness.name, self.name, t_start, result["scores"],
                               bool(result.get("timed_out")), result.get("returncode"), model=self.model, extra=extra)
+
+
+def check_key_holder(template: dict, needed: bool) -> None:
+    """UserError for a template that maps the judge's or the user model's key into the rollout's container (whose
+    harness could read it), or that has no `model-keys` sidecar to hold them when a run needs one."""
+    keys = {key for _, key in ROUTES.values()}
+    for container in template["spec"]["containers"]:
+        mapped = sorted(keys & {e.get("name") for e in container.get("env") or []})
+        if mapped:
+            raise UserError(f"the pod template maps {', '.join(mapped)} into container {container.get('name')!r}, "
+                            f"where the harness could read it: map it in the {MODEL_KEYS!r} init container instead")
+    if needed and not any(c.get("name") == MODEL_KEYS for c in template["spec"].get("initContainers") or []):
+        raise UserError(f"--judge and --user-model need the pod template's {MODEL_KEYS!r} init container (the "
+                        "keys' holder; see runners/pod-template.yaml)")
 
 
 def model_key_variables(harness: Harness) -> set[str]:

@@ -18,6 +18,7 @@ import ctypes
 import os
 import platform
 import shutil
+import stat
 from pathlib import PurePosixPath
 
 from .namespaces import CLONE_NEWNS, LIBC, check, unshare
@@ -26,7 +27,7 @@ _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x20, 0x1000, 0x4
 _KEPT_FLAGS = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # nosuid, nodev, noexec, noatime, nodiratime (ST_ = MS_ values)
 SCRATCH = frozenset({"tmp", "dev", "proc", "sys", "run"})  # stay writable: what programs expect to write
 _MNT_DETACH = 2
-_PROC_FLAGS = 0x2 | 0x4 | 0x8  # nosuid, nodev, noexec
+_SAFE_FLAGS = 0x2 | 0x4 | 0x8  # nosuid, nodev, noexec: the harness's /proc, the tmpfs of `reach`
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -96,7 +97,44 @@ def own_proc() -> None:
     such as one without capabilities, does not even see it). Call it as the first process of the namespace."""
     unshare(CLONE_NEWNS)
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # the new /proc must not show outside
-    _mount("proc", "/proc", "proc", _PROC_FLAGS, "hidepid=2")
+    _mount("proc", "/proc", "proc", _SAFE_FLAGS, "hidepid=2")
+
+
+def reach(paths: list[str], uid: int, gid: int) -> None:
+    """In this process's own mount namespace (after `own_proc`): let uid:gid reach each of `paths` through the
+    folders on the way that it may not search (the rollout's 0700 temp dir holding its workspace and HOME, a 0700
+    `/root` holding the Python), opening nothing else in them: each such folder is covered by a tmpfs that holds
+    only the entries on the way, bound from the folder itself. Elsewhere (another rollout's harness, in a
+    namespace of its own) the folder stays as it is, closed."""
+    ways: dict[str, set[str]] = {}
+    for path in paths:
+        parts = PurePosixPath(os.path.realpath(path)).parts
+        for depth in range(1, len(parts)):
+            folder = os.path.join(*parts[:depth])
+            if not _searchable(os.stat(folder), uid, gid):
+                ways.setdefault(folder, set()).add(parts[depth])
+    for folder in sorted(ways, key=lambda f: f.count("/")):  # outer folders first: inner ones are then bound in
+        kept = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the folder itself, once covered
+        try:
+            _mount("tmpfs", folder, "tmpfs", _SAFE_FLAGS, "mode=0755,size=64k")
+            for name in sorted(ways[folder]):
+                source, target = f"/proc/self/fd/{kept}/{name}", os.path.join(folder, name)
+                if os.path.isdir(source):
+                    os.mkdir(target)
+                else:
+                    open(target, "w").close()
+                bind(source, target)
+        finally:
+            os.close(kept)
+
+
+def _searchable(st: os.stat_result, uid: int, gid: int) -> bool:
+    """Whether uid:gid (no other groups) may search a folder of this owner and mode (ACLs aside)."""
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
 
 
 def _read_only(path: str) -> None:

@@ -34,15 +34,23 @@ def open_namespace(kind: str) -> int:
     return os.open(f"/proc/thread-self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
 
 
-def drop_capabilities() -> None:
-    """Give up every capability, for good: this process and whatever it executes keep their uid (root included)
-    but can mount, unmount, trace or read the memory of no process that holds more (forgerl's own), nor regain
-    any through a set-uid binary. Safe between fork and exec: libc is loaded already."""
+def drop_capabilities(user: tuple[int, int] | None = None) -> None:
+    """Give up every capability, for good, and with `user` (uid, gid) become that user, without supplementary
+    groups: this process and whatever it executes can mount, unmount, trace or read the memory of no process that
+    holds more (forgerl's own), nor regain any through a set-uid binary, nor (as another uid) read root's files.
+
+    The order matters: the bounding set needs CAP_SETPCAP, the ids CAP_SETUID and CAP_SETGID, so the ids are switched
+    after the one and before the last step empties the rest. Safe between fork and exec: libc is loaded already."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last = int(f.read())
     for cap in range(last + 1):  # the bounding set: what an exec by root would grant again
         check(LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop a capability from the bounding set")
     check(LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear the ambient capabilities")
     check(LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+    if user is not None:
+        uid, gid = user
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # the kernel clears the permitted and effective sets here
     header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
     check(LIBC.capset(header, (ctypes.c_uint32 * 6)()), "capset")  # effective, permitted, inheritable: none

@@ -13,10 +13,10 @@ a task with a persona: its dialogue is held here). The harness's key variable
 (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...) holds the rollout's capability token,
 set by the runner (forge-run's default), which the pod also presents at its
 session's flush barrier; with `forge-run --pass-keys` it holds the real key,
-from the pod template's Secret. FORGE_JUDGE_API_KEY (the judge's, read by the
-grading child) and FORGE_USER_MODEL_API_KEY come from the template's Secret:
-a pod given either runs its harness in the jail's own namespaces (/proc of
-its own), so the harness cannot read them (deploy/README.md).
+from the pod template's Secret. The judge's and the user model's keys are
+not in this container: FORGE_JUDGE_URL and FORGE_USER_MODEL_URL are loopback
+URLs of the pod's `model-keys` sidecar, which holds the keys and adds them
+(`model_keys.py`; deploy/README.md).
 
 The rollout itself is `attempt.run_attempt`, as on the local runner: a task's
 services start in the jail's own namespaces inside the pod, a Harbor task's

@@ -28,19 +28,21 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from forgerl.recorder.control import BarrierError, RecorderControl
+from forgerl.recorder.otlp import OtlpExporter
 from forgerl.recorder.redact import Redactor
 from forgerl.recorder.writer_process import CallsFailed, RecorderFailure
 from forgerl.schema.rollouts import rollout_session
 from forgerl.schema.sessions import prefer_system_allocator, session_count
 from forgerl.schema.files import MANIFEST
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 from .grading import GradeInput, GradingError
 from .tasks import Task
@@ -232,6 +234,7 @@ class BatchRunner:
     pipelined: bool = False
     redactor: Redactor = KEY_SHAPES  # masks each outcome's free text before it is written
     harness_slot: HarnessSlots | None = None  # `parallel` of them while `run` runs
+    traces: tuple[OtlpExporter, Path] | None = None  # inside `tracing`: what `end_trace` sends with, and reads
 
     def attempt(self, rollout: Rollout, session: str) -> Outcome:
         """One try under a fresh session; raise InfraError when it was not the agent's fault."""
@@ -260,14 +263,36 @@ class BatchRunner:
             except RecorderFailure:
                 stopped.set()
                 raise
-            writer.add_outcome(outcome.row(self.redactor))
+            row = outcome.row(self.redactor)
+            writer.add_outcome(row)
+            self.end_trace(outcome.session, row)
             if on_done:
                 on_done(outcome)
             return outcome
 
         in_flight = 3 * width if self.pipelined else width
-        with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=self.name) as pool:
+        with self.tracing(writer.root), ThreadPoolExecutor(max_workers=in_flight,
+                                                           thread_name_prefix=self.name) as pool:
             return list(pool.map(one, rollouts))
+
+    @contextmanager
+    def tracing(self, dataset: Path) -> Iterator[None]:
+        """`traces` while inside, where `--otlp` made this process the one to end its sessions' traces
+        (`FORGE_OTLP_ROOTS=runner`): `end_trace` sends them from `dataset`'s calls."""
+        exporter = OtlpExporter.from_env() if OtlpExporter.runner_ends_roots() else None
+        self.traces = (exporter, dataset) if exporter else None
+        try:
+            yield
+        finally:
+            self.traces = None
+            if exporter:
+                exporter.close()
+
+    def end_trace(self, session: str, outcome: dict | None) -> None:
+        """With `traces`, send the session's agent and root spans, `outcome` (its row as written) on the root."""
+        if self.traces:
+            exporter, dataset = self.traces
+            exporter.end_session(dataset, session, outcome)
 
     def run_one(self, rollout: Rollout) -> Outcome:
         """Try, retrying infra failures `retries` times; then an unscored `infra_error`."""
@@ -281,5 +306,7 @@ class BatchRunner:
                 return self.attempt(rollout, session)
             except InfraError as e:
                 errors.append(f"{session}: {e}")
+                if attempt < self.retries:
+                    self.end_trace(session, None)  # a try without an outcome (the last one's is written)
         return Outcome(rollout, session, self.harness.name, self.name, "infra_error", t_start, now(),
                        error="; ".join(errors), model=self.model, extra={"tries": len(errors)})

@@ -15,7 +15,9 @@ and every outcome records it):
   `setsid` away. The harness itself is PID 1 of one more, nested PID
   namespace with its own `/proc` (`hidepid=2`) and no capabilities: it
   sees none of forgerl's processes and cannot read their environment
-  (the judge's, the user model's, the runner's keys) or memory.
+  (the judge's, the user model's, the runner's keys) or memory. It runs
+  as uid `HARNESS_UID` (nobody), owning its workspace and HOME and no
+  file of root's (`harness_user.py`), where this process may switch uids.
   Without namespaces the jail is a child subreaper that kills what the
   harness left behind. Always also: the jail's process group is killed on
   timeout, and the rollout's cgroup (if any) is swept.
@@ -39,6 +41,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .forkserver import Forked, ForkError, answer_within
+from forgerl.harnesses import McpServer
+
+from .harness_user import HARNESS_GID, HARNESS_UID, can_switch_uid, runtime
 from .jail import JailSpec
 from .services import Service, read_state
 from .verifier import Layout
@@ -60,13 +65,17 @@ def can_unshare() -> bool:
         return False
 
 
-def shared_proc_reason(isolate_network: bool) -> str:
-    """Why a harness here would see forgerl's processes (and could read their keys) in `/proc`; "" if it cannot.
-    Its jail then has no PID namespace of its own: no network isolation, or no `unshare` here."""
+def weak_jail_reason(isolate_network: bool) -> str:
+    """Why a harness here could read forgerl's keys or root's files: it would see forgerl's processes in `/proc`
+    (its jail has no PID namespace of its own: no network isolation, or no `unshare` here) or run as forgerl's own
+    uid (no uid switch here); "" if neither."""
     if not isolate_network:
         return "network isolation is off, and with it the jail's PID namespace and its own /proc"
     if not can_unshare():
         return "unshare fails here (no CAP_SYS_ADMIN), so the jail has no PID namespace or /proc of its own"
+    if not can_switch_uid():
+        return (f"no uid switch here (uid {os.getuid()} without CAP_SETUID, CAP_SETGID and CAP_CHOWN), so the harness "
+                "would run as forgerl's own uid and read every file it can")
     return ""
 
 
@@ -141,9 +150,10 @@ class Sandbox:
             self.enforced.append(f"process group + cgroup sweep; network not isolated by the runner ({why})")
             return spec
         url = urlsplit(self.recorder_url)
-        self.enforced.append("network namespace: recorder only; PID namespace; harness with its own /proc, "
-                             "no capabilities")
         spec.bridge_port = BRIDGE_PORT
+        spec.user = [HARNESS_UID, HARNESS_GID] if can_switch_uid() else None
+        self.enforced.append("network namespace: recorder only; PID namespace; harness with its own /proc, "
+                             "no capabilities" + (f", uid {HARNESS_UID}" if spec.user else ", forgerl's uid"))
         spec.recorder_host, spec.recorder_port = url.hostname, url.port
         return spec
 
@@ -155,17 +165,26 @@ class Sandbox:
 
     def confine(self, argv: list[str], env: dict[str, str], cwd: Path, *, cpu_s: int, memory_mb: int,
                 layout: Layout | None = None, harness_timeout_s: float = 0.0,
-                services: tuple[Service, ...] = (), grade: dict | None = None) -> None:
+                services: tuple[Service, ...] = (), grade: dict | None = None,
+                mcp_servers: tuple[McpServer, ...] = ()) -> None:
         """Make the jail (namespaces, bridge, cgroup) and leave it waiting for `run`: OSError if it cannot.
 
         A `layout` (fixed paths in a mount namespace, a verifier after the harness) needs the namespaces;
         `harness_timeout_s` is then kept by the jail, so the verifier still runs after an agent timeout.
         A `grade` ({"code", "workspace"}: a grade() that reads files alone) is run by the jail itself once the
-        harness has ended, with the harness's confinement; `graded` has its answer.
+        harness has ended, with the harness's confinement; `graded` has its answer. The harness starts the task's
+        `mcp_servers` itself: as its own uid, it must reach their programs and the files their commands name.
         """
         if memory_mb > 0:  # 0: no memory limit (and no cgroup)
             self._make_cgroup(memory_mb)
         spec = self._spec(argv, env, cwd, cpu_s)
+        if spec.user:  # a temp dir of its own: what it left in the shared /tmp, other rollouts' harnesses could read
+            scratch = self.tmp / "tmp"
+            scratch.mkdir(exist_ok=True)
+            spec.env, spec.scratch = {**spec.env, "TMPDIR": str(scratch)}, str(scratch)
+            spec.reach = [p for server in mcp_servers for p in (
+                *runtime(server.command[0], env.get("PATH", os.defpath)),
+                *(a for a in server.command[1:] if os.path.isabs(a) and os.path.exists(a)))]
         if layout is not None:
             if not self.netns:
                 raise OSError("this task needs a mount and a PID namespace (its fixed paths and verifier), and "

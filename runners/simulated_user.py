@@ -25,7 +25,7 @@ from typing import Any
 from forgerl.harnesses import Harness
 
 KEY_VARIABLES = ("FORGE_USER_MODEL_API_KEY", "OPENAI_API_KEY")
-NO_KEY = "forgerl-no-key"  # a local user model needs none, and the OpenAI client refuses to start without one
+NO_KEY = "forgerl-no-key"  # a local model needs none, a pod's model-keys sidecar adds the real one; OpenAI needs one
 USER_TURN_PREFIX = "[user_agent]\n"  # claw_eval's loop: Message(role="user", text=f"[user_agent]\n{reply}")
 CALL_TIMEOUT_S = 300.0
 CALL_RETRIES = 2  # the OpenAI client's own, with its backoff, on connection errors, 429 and 5xx

@@ -67,6 +67,7 @@ class Layout:
     env: dict[str, str] = field(default_factory=dict)  # what the task's environment sets (Dockerfile ENV)
     notes: dict = field(default_factory=dict)  # for the outcome's `extra`: what was and was not honoured
     writable: list[str] | None = None  # set: the machine's other folders are read-only (`mountns.enter_root`)
+    home: str = ""  # set: the rollout's HOME folder is bound here, and is the harness's HOME (a fixed path)
 
     def wall_clock_s(self, agent_s: float) -> float:
         """The runner's limit for the whole jail: the agent's time, the verifier's, and a grace."""

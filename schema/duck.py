@@ -1,6 +1,6 @@
 """The one way to open a dataset in DuckDB: a view per table over its consistent file set.
 
-Views read the files listed by `store.data_files` (never a compacted file and
+Views read the files listed by `files.data_files` (never a compacted file and
 its sources both), so a query sees whole files even mid-compaction. Tables
 with no files yet are empty tables of the right schema, so queries over a
 fresh dataset work rather than fail; they are real tables so every cursor of
@@ -8,6 +8,10 @@ the connection sees them. Data files are written once and never changed, so
 Parquet footers are cached: views over views re-read no footer. The dataset
 is opened through `store.open_dataset`, so an older one is upgraded first,
 and `sessions` shows one row per session (`store.SESSION_ROW_SQL`).
+
+DuckDB reads local files itself. It cannot read S3 here (its httpfs extension is downloaded on first use, and this
+DuckDB's is not on PyPI), so a table on S3 is a pyarrow dataset over the same file list, read through the
+store's filesystem seam: DuckDB scans it lazily, with projections and filters pushed down to pyarrow.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as pads
 
 from .files import data_files
+from .storage import LocalStorage, Storage, locate
 from .store import SESSION_ROW_SQL, open_dataset
 from .tables import TABLES
 
@@ -35,16 +41,28 @@ def connect(root: str | os.PathLike, *, threads: int | None = None,
     open_dataset(root)
     con = duckdb.connect(config={**(config or {}), **({"threads": threads} if threads else {})})
     con.execute("SET parquet_metadata_cache = true")
+    storage = locate(root)[0]
     for table, schema in TABLES.items():
         files = data_files(root, table)
         if files and table == "sessions":
-            con.execute(f"CREATE VIEW session_rows AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
+            con.execute(f"CREATE VIEW session_rows AS SELECT * FROM {_scan(con, storage, table, files)}")
             con.execute(f"CREATE VIEW sessions AS {SESSION_ROW_SQL}")
         elif files:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM {_scan(con, storage, table, files)}")
         else:
             create_table(con, table, schema)
     return con
+
+
+def _scan(con: duckdb.DuckDBPyConnection, storage: Storage, table: str, files: list[str]) -> str:
+    """What a view of `table` selects from: DuckDB's own Parquet reader on local disk, else a pyarrow dataset
+    over the seam, registered on `con`."""
+    if isinstance(storage, LocalStorage):
+        return f"read_parquet({files!r}, union_by_name=true)"
+    name = f"{table}_files"
+    con.register(name, pads.dataset([storage.native(f) for f in files], schema=TABLES[table],
+                                    filesystem=storage.fs, format="parquet"))
+    return name
 
 
 def create_table(con: duckdb.DuckDBPyConnection, name: str, schema: pa.Schema,

@@ -1,7 +1,7 @@
 """One session's rows, fast: which data files hold a session, learnt once per file.
 
 Runners read a rollout's calls right after it ends, many times a minute, and
-a recorder's writer reads a session it takes up again (`store.DatasetWriter`), from
+a recorder's writer reads a session it takes up again (`writer.DatasetWriter`), from
 a dataset that gains a file per table every flush. Reading every file (or
 every footer) for each rollout makes grading slower as the dataset grows. A
 data file never changes once written (new rows get new files; compaction
@@ -28,11 +28,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .records import MessageMemo
 from .segments import SessionThreads
-from .files import data_file_names, read_files, schema_version
+from .conform import open_parquet, read_files, schema_version
+from .files import data_file_names
+from .storage import exists
 from .tables import SCHEMA_VERSION, TABLES
 
 _Info = tuple[int, Counter]  # (schema version, rows per session)
@@ -63,7 +64,7 @@ class _Folder:
         """
         with _LOCK:
             new, unlisted = current - self.files.keys(), self.files.keys() - current
-        gone = [name for name in unlisted if not os.path.exists(f"{self.path}{os.sep}{name}")]
+        gone = [name for name in unlisted if not exists(f"{self.path}{os.sep}{name}")]
         with _LOCK:
             for name in gone:
                 if name in self.files:
@@ -96,7 +97,7 @@ _FOLDERS: dict[str, _Folder] = {}  # table folder -> what is known of it
 
 
 def _learn(path: str) -> _Info:
-    parquet = pq.ParquetFile(path)  # one footer read gives the version and the sessions
+    parquet = open_parquet(path)  # one footer read gives the version and the sessions
     sessions = parquet.read(["session_id"], use_threads=False).column("session_id").to_pylist()
     return schema_version(parquet.schema_arrow), Counter(sessions)
 
@@ -164,7 +165,7 @@ def session_rows(root: str | Path, table: str, session: str, columns: list[str])
 
 def _file_rows(path: str, session: str, columns: list[str]) -> pa.Table:
     """The session's rows of one file, `columns` only, from the row groups whose statistics may hold it."""
-    parquet = pq.ParquetFile(path)
+    parquet = open_parquet(path)
     meta = parquet.metadata
     column = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == "session_id")
     groups = [g for g in range(meta.num_row_groups)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 import analysis_scenarios as scenarios
 from conftest import RecorderProcess, session_calls

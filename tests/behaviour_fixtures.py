@@ -161,7 +161,7 @@ def script_for(job: Job):
 def record(out: Path, only: list[str] | None = None) -> None:
     """Run every job's harness through its runner adapter against a recorder, then compact into `out`."""
     from forgerl.harnesses import RunContext, get_harness, node_path
-    from forgerl.schema.store import compact
+    from forgerl.schema.maintenance import compact
 
     data = WORK / "data"
     shutil.rmtree(data, ignore_errors=True)

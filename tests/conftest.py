@@ -1,4 +1,4 @@
-"""Shared fixtures: a scripted upstream, `forge-record serve` as a real process, dataset polling."""
+"""Shared fixtures: a scripted upstream, `forge-record serve` as a real process, dataset polling, a real S3 server."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -107,6 +108,23 @@ def recorder(tmp_path):
     yield make
     for rec in started:
         rec.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """SeaweedFS's S3 server on loopback (`s3_server.py`), one for the whole run."""
+    import s3_server as seaweed
+    server = seaweed.start(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_root(s3_server, monkeypatch) -> str:
+    """A fresh `s3://` dataset root on the test server, with the standard AWS variables set to reach it."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}/data"
 
 
 @pytest.fixture(autouse=True)

@@ -211,7 +211,8 @@ class KubeAPI:
 
 
 class FakeKubelet:
-    """The node: watches pods over the API, runs each pod's container command here, patches its status.
+    """The node: watches pods over the API, runs each pod's containers here (its native sidecars first, each
+    in a PID namespace with its own /proc, as containers are), patches its status.
 
     The image picks a behaviour: `...:pending` is never scheduled, `...:missing` cannot be pulled
     (ImagePullBackOff), `...:crash` runs a command that dies without a result; anything else runs the
@@ -293,27 +294,36 @@ class FakeKubelet:
         base = self.workdir / name
         base.mkdir(parents=True)
         result = base / "termination-log"
-        env = {k: os.environ[k] for k in ("PATH", "LANG", "HOME") if k in os.environ}
-        env |= {e["name"]: self._value(e) for e in container.get("env", [])}
-        env |= {"FORGE_RESULT_PATH": str(result), "FORGE_WORKDIR": str(base / "work")}
-        cmd = [sys.executable if c == "python3" else c for c in container["command"]]
+        loopback = self._own_loopback()
+        sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+        cmd = self._command(container)
         if image.endswith(":crash"):
             cmd = [sys.executable, "-c", "import sys; print('segfault in the image'); sys.exit(139)"]
-        from forgerl.runners.sandbox import can_unshare
-        if can_unshare():  # a container is a PID namespace: nothing in it outlives it
-            cmd = ["unshare", "--pid", "--fork", "--kill-child", *cmd]
         self._status(name, "Running", {"running": {"startedAt": "2026-12-03T00:00:00Z"}})
-        with self._lock, open(base / "log", "wb") as log:
-            if name in self.deleted:
-                return
-            proc = self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                       start_new_session=True)
+        started = []
         try:
-            code = proc.wait(timeout=spec.get("activeDeadlineSeconds"))
-            reason = None
-        except subprocess.TimeoutExpired:
-            self._stop_container(proc)
-            code, reason = proc.wait(), "DeadlineExceeded"
+            for sidecar in sidecars:  # native sidecars: started, and their startup probe passed, before the rest
+                started.append(self._start(name, sidecar, base, loopback, base / f"{sidecar['name']}.log"))
+                if not self._started(sidecar, base, loopback):
+                    self._status(name, "Pending", {"waiting": {"reason": "CrashLoopBackOff",
+                                                               "message": f"{sidecar['name']}: startup probe failed"}})
+                    return
+            with self._lock:
+                if name in self.deleted:
+                    return
+                proc = self.procs[name] = self._start(name, container, base, loopback, base / "log", cmd=cmd,
+                                                      extra={"FORGE_RESULT_PATH": str(result),
+                                                             "FORGE_WORKDIR": str(base / "work")})
+            try:
+                code = proc.wait(timeout=spec.get("activeDeadlineSeconds"))
+                reason = None
+            except subprocess.TimeoutExpired:
+                self._stop_container(proc)
+                code, reason = proc.wait(), "DeadlineExceeded"
+        finally:
+            for sidecar in started:  # they stop once the pod's containers have
+                if sidecar is not None and sidecar.poll() is None:
+                    self._stop_container(sidecar)
         logs = (base / "log").read_text(errors="replace")
         self.api.logs[name] = logs
         message = result.read_text() if result.exists() else None
@@ -323,6 +333,59 @@ class FakeKubelet:
         if message:
             terminated["message"] = message
         self._status(name, "Succeeded" if code == 0 else "Failed", {"terminated": terminated}, reason)
+
+    @staticmethod
+    def _own_loopback() -> dict[str, str]:
+        """A pod's loopback is its own; here every pod shares the machine's. So each pod's model-keys sidecar gets a
+        port of its own, and the URLs of its pod point there: {what the runner wrote: what this pod uses}."""
+        from forgerl.runners.model_keys import DEFAULT_PORT, PORT_VARIABLE
+        from forgerl.recorder.proxy import free_port
+        port = free_port()
+        return {f"127.0.0.1:{DEFAULT_PORT}": f"127.0.0.1:{port}", PORT_VARIABLE: str(port)}
+
+    @staticmethod
+    def _command(container: dict) -> list[str]:
+        return [sys.executable if c == "python3" else c for c in container["command"]]
+
+    def _env(self, container: dict, loopback: dict[str, str]) -> dict[str, str]:
+        """The container's environment as a kubelet resolves it, on this pod's loopback."""
+        from forgerl.runners.model_keys import PORT_VARIABLE
+        env = {k: os.environ[k] for k in ("PATH", "LANG", "HOME") if k in os.environ}
+        for e in container.get("env") or []:
+            value = self._value(e)
+            for old, new in loopback.items():
+                value = value.replace(old, new) if old != PORT_VARIABLE else value
+            env[e["name"]] = value
+        return env | {PORT_VARIABLE: loopback[PORT_VARIABLE]}
+
+    def _start(self, name: str, container: dict, base: Path, loopback: dict[str, str], log_path: Path, *,
+               cmd: list[str] | None = None, extra: dict[str, str] | None = None):
+        """One container as a process: a PID namespace with its own /proc, like a container's (its processes see
+        none of the pod's other containers'), nothing in it outliving it; its working directory under the pod's."""
+        import subprocess
+        from forgerl.runners.sandbox import can_unshare
+        cmd = cmd or self._command(container)
+        if can_unshare():
+            cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *cmd]
+        cwd = base / container["name"]
+        cwd.mkdir(exist_ok=True)
+        with open(log_path, "wb") as log:
+            return subprocess.Popen(cmd, env=self._env(container, loopback) | (extra or {}), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
+
+    def _started(self, container: dict, base: Path, loopback: dict[str, str]) -> bool:
+        """Run the container's startup probe (`exec`) until it passes, or its failure threshold."""
+        import subprocess
+        import time
+        probe = container.get("startupProbe") or {}
+        if "exec" not in probe:
+            return True
+        for _ in range(probe.get("failureThreshold", 3)):
+            if subprocess.run(self._command(probe["exec"]), env=self._env(container, loopback),
+                              cwd=base / container["name"], capture_output=True).returncode == 0:
+                return True
+            time.sleep(probe.get("periodSeconds", 10))
+        return False
 
     def _value(self, entry: dict) -> str:
         """An env entry's value, given or from a Secret (`valueFrom.secretKeyRef`), as a kubelet resolves it."""

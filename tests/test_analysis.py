@@ -13,7 +13,8 @@ import pytest
 
 from forgerl.analysis import VIEWS, connect, kinds
 from forgerl.analysis.reliability import pass_at_k, pass_pow_k
-from forgerl.schema.store import DatasetWriter, init_root
+from forgerl.schema.store import init_root
+from forgerl.schema.writer import DatasetWriter
 
 from analysis_fixtures import EXPECTED, EXPECTED_PASS_K, record_fixtures
 from conftest import REPO

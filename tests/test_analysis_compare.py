@@ -23,7 +23,7 @@ from forgerl.analysis.cli import main
 from forgerl.analysis.compare import Side, compare, learning_curves, paired, percentile_interval, ratio, resample
 from forgerl.analysis.learning import pass_rate_curves
 from forgerl.analysis.tasksets import TaskSet
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 import analysis_fixtures as fixtures
 import analysis_scenarios as scenarios

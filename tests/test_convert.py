@@ -17,7 +17,7 @@ import pytest
 from forgerl.converters import drift, source
 from forgerl.converters.cli import main
 from forgerl.schema.chat import chat_tools
-from forgerl.schema import store
+from forgerl.schema import store, writer
 
 from conftest import session_calls
 from convert_fixtures import TOKENIZER_DIR, chat_dataset, convert, qwen_tokenizer, rows  # noqa: F401 - fixture
@@ -186,7 +186,7 @@ def test_filters_split_and_dedupe(chat_data, tmp_path):
     # outcomes: only graded sessions with a reward pass --min-reward
     data = tmp_path / "graded"
     shutil.copytree(chat_data, data)
-    with store.DatasetWriter(data) as w:
+    with writer.DatasetWriter(data) as w:
         w.add_outcome({"session_id": "chat-tools", "task_id": "weather", "attempt": 1, "status": "success",
                        "reward": 1.0, "passed": True})
         w.add_outcome({"session_id": "chat-multi", "task_id": "colours", "attempt": 1, "status": "failed",

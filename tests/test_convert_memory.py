@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from forgerl.schema.messages import Exchange, Message, Part
 from forgerl.schema.records import CallRecord
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 from convert_fixtures import TOKENIZER_DIR, convert
 

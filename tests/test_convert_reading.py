@@ -15,7 +15,7 @@ from forgerl.converters import source
 from forgerl.schema import files as dataset_files
 from forgerl.schema.messages import Exchange, Message, Part
 from forgerl.schema.records import CallRecord
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 from convert_fixtures import TOKENIZER_DIR, convert
 

@@ -31,7 +31,8 @@ from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import HarnessSlots, Rollout
 from forgerl.runners.loader import load_tasks
 from forgerl.schema.files import data_files
-from forgerl.schema.store import DatasetWriter, read_table
+from forgerl.schema.store import read_table
+from forgerl.schema.writer import DatasetWriter
 
 from runner_fixtures import CALL_MODEL, PythonHarness, barriers_asked_now, toml_task
 from test_recorder_durability import child_pids, wait_gone

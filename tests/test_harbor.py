@@ -27,7 +27,7 @@ from forgerl.runners.rollout import Rollout
 from forgerl.runners.sandbox import can_unshare
 from forgerl.runners.loader import load_tasks
 from forgerl.runners.tasks import TaskError
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 from runner_fixtures import CALL_MODEL, PythonHarness, rollout_dirs, rollout_processes, shell_call
 from scripted_upstream import Request, ScriptedUpstream, Turn, saw_tool_result
@@ -167,7 +167,11 @@ def test_parallel_rollouts_each_have_their_own_working_dir_tests_and_logs(stack)
     code = ("import os, time\n"
             "word = 'hello' if '-a0-' in os.environ['FORGE_SESSION_ID'] else 'nope'\n"
             "open('/app/hello.txt', 'w').write(word)\n"
-            "open('/logs/verifier/reward.txt', 'w').write('1')\n"
+            "try:\n"  # the harness runs as another uid (runners/harness_user.py): the verifier's folder is not its
+            "    open('/logs/verifier/reward.txt', 'w').write('1')\n"
+            "    raise SystemExit('wrote a reward')\n"
+            "except PermissionError:\n"
+            "    pass\n"
             "time.sleep(1.5)\n"
             "assert open('/app/hello.txt').read() == word and os.listdir('/tests') == []\n"
             "try:\n"  # the machine's own folders are read-only (its /tmp is not)
@@ -175,7 +179,7 @@ def test_parallel_rollouts_each_have_their_own_working_dir_tests_and_logs(stack)
             "    raise SystemExit('wrote into /etc')\n"
             "except OSError as e:\n"
             "    assert e.errno == 30, e\n"  # EROFS
-            "open('/tmp/forgerl-harbor-scratch', 'w').close()\n")
+            "import tempfile; tempfile.mkstemp(prefix='forgerl-harbor-scratch-', dir='/tmp')\n")
     outcomes = run(stack, "hello", agent(code), attempts=2, parallel=2)
     by_attempt = {o.rollout.attempt: o for o in outcomes}
     assert by_attempt[0].status == "success" and by_attempt[0].extra["returncode"] == 0

@@ -19,7 +19,7 @@ import pytest
 
 from forgerl.converters.cli import main as convert
 from forgerl.runners.loader import load_tasks
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 from forgerl.trainer.launch import LaunchError
 from forgerl.trainer.reward import RefusedSample, compute_score, offline_rule, screen
 from forgerl.trainer.rl import AGENT_NAME, offline_screened

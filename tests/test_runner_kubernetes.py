@@ -19,14 +19,19 @@ import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
+from app_thread import AppThread  # examples/, on the path (conftest)
+from forgerl.errors import UserError
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig, free_port
 from forgerl.runners.grading import Judge
 from forgerl.harnesses import get_harness
+from forgerl.runners import model_keys
 from forgerl.runners.kubernetes import KubernetesRunner, api_client, load_template
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.loader import find_task, load_tasks
-from forgerl.schema.store import DatasetWriter, read_table
+from forgerl.schema.store import read_table
+from forgerl.schema.writer import DatasetWriter
 
 from runner_fixtures import (BENCH, NOVEL_SCORE, NOVEL_TASK, SPARQL_SCORE, SPARQL_TASK, FakeKubelet, KubeAPI,
                              processes_in, task_script)
@@ -98,7 +103,9 @@ def test_forge_run_on_kubernetes_grades_in_pods_like_the_local_runner(cluster, s
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["FORGE_SESSION_ID"] == rows[SPARQL_TASK]["session_id"] and env["FORGE_TASK_ID"] == SPARQL_TASK
     assert env["FORGE_RECORDER_URL"].startswith("http://127.0.0.1:") and env["FORGE_HARNESS"] == "claude-code"
-    assert (env["FORGE_JUDGE_URL"], env["FORGE_JUDGE_MODEL"]) == (f"{up.url}/v1", "scripted-judge")
+    assert (env["FORGE_JUDGE_URL"], env["FORGE_JUDGE_MODEL"]) == ("http://127.0.0.1:8791/judge", "scripted-judge")
+    [holder] = spec["initContainers"]  # the judge's real URL (and key, here none) are the sidecar's
+    assert {e["name"]: e["value"] for e in holder["env"]} == {"FORGE_JUDGE_URL": f"{up.url}/v1"}
     assert container["resources"]["limits"]["memory"] == "4096Mi" and container["image"] == "forgerl/rollout:test"
     calls = read_table(out, "calls", ["session_id"]).column("session_id").to_pylist()
     assert rows[SPARQL_TASK]["session_id"] in calls
@@ -177,8 +184,8 @@ POD_FOLDER = r"forgerl-t010-contact-lookup-a\d+-[0-9a-f]{8}"  # a pod's name, in
 
 def claweval_runner(cluster_url: str, rec, tmp_path, tasks: Path, **kw) -> KubernetesRunner:
     template = load_template()
-    template["spec"]["containers"][0]["env"].append(
-        {"name": "FORGE_JUDGE_API_KEY", "valueFrom": {"secretKeyRef": {"name": "forgerl-keys", "key": "judge"}}})
+    template["spec"]["initContainers"][0]["env"] = [
+        {"name": "FORGE_JUDGE_API_KEY", "valueFrom": {"secretKeyRef": {"name": "forgerl-keys", "key": "judge"}}}]
     return KubernetesRunner(get_harness("claude-code"), rec.config.url, api_client(cluster_url), namespace=NS,
                             template=template, image="forgerl/rollout:test", pod_tasks=str(tasks),
                             pod_dataset=str(tmp_path / "data"), model=HARNESS_MODELS["claude-code"], **kw)
@@ -189,8 +196,8 @@ def test_claweval_in_pods_with_services_and_the_judge(cluster, tmp_path, monkeyp
     """Both attempts of T010 at once through Claude Code, each in a pod whose jail runs the task's contacts service
     on its declared port 9103 (the fake kubelet runs both pods on this machine: without the jail's network
     namespace the second could not bind it), graded in the pod by the task's own grader with the judge, whose key
-    reaches it from the pod template's Secret and never from the runner or the pod spec: one solves, the other is
-    zeroed by the safety gate."""
+    the pod's model-keys sidecar adds from the template's Secret, never from the runner, the pod spec or the
+    rollout's container: one solves, the other is zeroed by the safety gate."""
     monkeypatch.setenv("FORGE_JUDGE_API_KEY", "sk-the-runners-own-key")  # must not travel
     model = Model(folder=POD_FOLDER)
     with ScriptedUpstream(model, chunks=4, chunk_delay=0.5) as up, BackgroundRecorder(
@@ -201,7 +208,7 @@ def test_claweval_in_pods_with_services_and_the_judge(cluster, tmp_path, monkeyp
         with DatasetWriter(tmp_path / "data", source="runner") as writer:
             outcomes = r.run([Rollout(task, 0), Rollout(task, 1)], writer)
     failed, solved = sorted(outcomes, key=lambda o: o.row()["reward"] or 0.0)
-    assert solved.status == "success", (solved.error, solved.extra.get("pod_log_tail"))
+    assert solved.status == "success", (solved.error, solved.extra)
     assert solved.scores["task_score"] == 1.0 and solved.scores["judge_calls_not_graded"] == 0.0
     assert json.loads(solved.row()["graded"])["llm_judge"] == "graded"
     assert (failed.status, failed.row()["reward"], failed.scores["safety"]) == ("failed", 0.0, 0.0)
@@ -213,10 +220,13 @@ def test_claweval_in_pods_with_services_and_the_judge(cluster, tmp_path, monkeyp
     for pod in cluster.pods():
         container = pod["manifest"]["spec"]["containers"][0]
         env = {e["name"]: e for e in container["env"]}
-        assert env["FORGE_JUDGE_URL"]["value"] == f"{up.url}/v1" and env["FORGE_JUDGE_MODEL"]["value"] == JUDGE_MODEL
-        assert "value" not in env["FORGE_JUDGE_API_KEY"]
+        assert env["FORGE_JUDGE_URL"]["value"] == "http://127.0.0.1:8791/judge"
+        assert env["FORGE_JUDGE_MODEL"]["value"] == JUDGE_MODEL and "FORGE_JUDGE_API_KEY" not in env
+        [holder] = pod["manifest"]["spec"]["initContainers"]
+        held = {e["name"]: e for e in holder["env"]}
+        assert held["FORGE_JUDGE_URL"]["value"] == f"{up.url}/v1" and "value" not in held["FORGE_JUDGE_API_KEY"]
         assert "sk-" not in json.dumps(pod["manifest"]), "a key in the pod spec"
-        assert container["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+        assert container["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]  # for the contacts service
 
 
 def test_a_service_that_cannot_start_in_its_pod_is_an_infra_error(cluster, recorded, tmp_path):
@@ -261,25 +271,90 @@ def test_a_result_too_long_for_the_termination_message_is_read_whole_from_the_po
     assert short.status == "success" and "final_answer" not in short.extra
 
 
-def test_a_pod_gets_only_its_token_where_keys_go_and_its_own_proc_with_a_judge():
-    """Holding the keys: the token replaces every model-key variable the template maps (from a Secret or not);
-    a judge's key in the pod puts the harness in the jail's namespaces (CAP_SYS_ADMIN for them)."""
+def test_a_pod_gets_only_its_token_where_keys_go_and_the_judge_key_stays_in_its_sidecar():
+    """Holding the keys: the token replaces every model-key variable the template maps (from a Secret or not); the
+    judge's key and URL go to the model-keys sidecar, the rollout's container gets its loopback URL and no
+    capability for it; a pod without a judge has no sidecar."""
     from kubernetes import client
 
     template = load_template()
     template["spec"]["containers"][0]["env"] += [
         {"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {"name": "forgerl-keys", "key": "openai"}}},
         {"name": "ANTHROPIC_API_KEY", "value": "sk-ant-in-the-template"}, {"name": "KEEP", "value": "kept"}]
+    template["spec"]["initContainers"][0]["env"] = [
+        {"name": "FORGE_JUDGE_API_KEY", "valueFrom": {"secretKeyRef": {"name": "forgerl-keys", "key": "judge"}}}]
     rollout = Rollout(find_task(BENCH, NOVEL_TASK), 0)
     plain = KubernetesRunner(get_harness("claude-code"), "http://recorder:8787", client.ApiClient(), template=template)
     judged = KubernetesRunner(get_harness("claude-code"), "http://recorder:8787", client.ApiClient(), template=template,
-                              judge=Judge("http://judge/v1", "j"))
-    container = judged.pod_manifest(rollout, "s-1", {"ANTHROPIC_API_KEY": "forge-cap-x"})["spec"]["containers"][0]
-    env = {e["name"]: e for e in container["env"]}
+                              judge=Judge("http://judge/v1", "j"), image="forgerl/rollout:v2")
+    spec = judged.pod_manifest(rollout, "s-1", {"ANTHROPIC_API_KEY": "forge-cap-x"})["spec"]
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
     assert env["ANTHROPIC_API_KEY"] == {"name": "ANTHROPIC_API_KEY", "value": "forge-cap-x"}
     assert "OPENAI_API_KEY" not in env and env["KEEP"]["value"] == "kept"
-    assert container["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
-    container = plain.pod_manifest(rollout, "s-1")["spec"]["containers"][0]  # --pass-keys: the template's keys
-    env = {e["name"]: e for e in container["env"]}
+    assert env["FORGE_JUDGE_URL"]["value"] == "http://127.0.0.1:8791/judge" and env["FORGE_JUDGE_MODEL"]["value"] == "j"
+    assert "add" not in spec["containers"][0]["securityContext"]["capabilities"]
+    [holder] = spec["initContainers"]
+    assert (holder["name"], holder["image"], holder["restartPolicy"]) == ("model-keys", "forgerl/rollout:v2", "Always")
+    assert {e["name"]: e.get("value") for e in holder["env"]} == {"FORGE_JUDGE_API_KEY": None,
+                                                                  "FORGE_JUDGE_URL": "http://judge/v1"}
+    spec = plain.pod_manifest(rollout, "s-1")["spec"]  # --pass-keys: the template's keys; no judge, no sidecar
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
     assert env["ANTHROPIC_API_KEY"]["value"] == "sk-ant-in-the-template" and "OPENAI_API_KEY" in env
-    assert "add" not in container["securityContext"]["capabilities"]
+    assert "initContainers" not in spec and "FORGE_JUDGE_URL" not in env
+
+
+@pytest.mark.parametrize("where", ["rollout", "no holder"])
+def test_a_template_that_puts_the_judge_key_in_reach_is_refused(where):
+    from kubernetes import client
+
+    template = load_template()
+    if where == "rollout":
+        template["spec"]["containers"][0]["env"] = [{"name": "FORGE_USER_MODEL_API_KEY", "value": "sk-u"}]
+    else:
+        del template["spec"]["initContainers"]
+    with pytest.raises(UserError) as e:
+        KubernetesRunner(get_harness("pi"), "http://recorder:8787", client.ApiClient(), template=template,
+                         judge=Judge("http://judge/v1", "j"))
+    assert "model-keys" in str(e.value) and "\n" not in str(e.value)
+    if where == "no holder":  # a run without a judge or a user model needs none
+        KubernetesRunner(get_harness("pi"), "http://recorder:8787", client.ApiClient(), template=template)
+
+
+class Echo(AppThread):
+    """An API that answers every request with what it received."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def routes(self, app: web.Application) -> None:
+        async def echo(request: web.Request) -> web.Response:
+            self.seen.append((request.path, request.query_string, request.headers.get("authorization"),
+                              request.headers.get("x-api-key"), await request.text()))
+            return web.json_response({"ok": True})
+
+        app.router.add_route("*", "/{tail:.*}", echo)
+
+
+class Holder(AppThread):
+    def __init__(self, apis: dict) -> None:
+        super().__init__()
+        self.apis = apis
+
+    def routes(self, app: web.Application) -> None:
+        model_keys.add_routes(app, self.apis)
+
+
+def test_the_key_holder_adds_its_key_and_drops_the_callers():
+    """The sidecar over real sockets: the caller's credential is replaced by the held key; a route the pod was not
+    given is a 404; the probe passes once it listens."""
+    import httpx
+
+    with Echo() as up, Holder({"judge": (f"{up.url}/v1", "sk-held")}) as holder:
+        r = httpx.post(f"{holder.url}/judge/chat/completions?x=1", content=b'{"m": 1}',
+                       headers={"authorization": "Bearer forge-cap-stolen", "x-api-key": "forge-cap-stolen"})
+        assert r.status_code == 200 and r.json() == {"ok": True}
+        assert up.seen == [("/v1/chat/completions", "x=1", "Bearer sk-held", None, '{"m": 1}')]
+        assert httpx.get(f"{holder.url}/user/chat/completions").status_code == 404
+        assert model_keys.check(int(holder.url.rsplit(":", 1)[1])) == 0
+    assert model_keys.check(int(holder.url.rsplit(":", 1)[1])) == 1

@@ -21,7 +21,8 @@ from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.sandbox import can_unshare, own_memory_cgroup
 from forgerl.runners.loader import load_tasks
-from forgerl.schema.store import DatasetWriter, read_table
+from forgerl.schema.store import read_table
+from forgerl.schema.writer import DatasetWriter
 
 from runner_fixtures import CALL_MODEL, PythonHarness, cgroups_left, rollout_dirs, rollout_processes, toml_task
 from scripted_upstream import ScriptedUpstream

@@ -14,7 +14,7 @@ from forgerl.schema.messages import Exchange, Message, Part
 from forgerl.schema.records import CallRecord, call_rows
 from forgerl.schema.segments import (ANSWER_HEADER, CONTINUES_HEADER, SessionThreads, joined_ids, main_thread,
                                      segment_id, stored_segments)
-from forgerl.schema.store import place_call
+from forgerl.schema.writer import place_call
 
 from conftest import session_calls
 from harness_checks import needs, record_trapped

@@ -344,7 +344,8 @@ def test_c01zh_dialogues_end_to_end(tmp_path, harness):
 @pytest.mark.slow
 def test_c01zh_dialogue_in_a_kubernetes_pod(cluster, tmp_path):  # noqa: F811 - the imported fixture
     """On the Kubernetes runner the pod holds the dialogue (pod.py runs the same `run_attempt`): the user model's
-    URL and name reach it in its environment, the rounds come back in the outcome."""
+    name and its model-keys sidecar's loopback URL reach it in its environment, the sidecar forwards the user
+    model's calls to the real URL, the rounds come back in the outcome."""
     bench, out = _bench(tmp_path), tmp_path / "data"
     with ScriptedUpstream(Models()) as up:
         r = subprocess.run([FORGE_RUN, str(bench), "--task", C01, "--harness", "codex", "--upstream", up.url,
@@ -361,4 +362,6 @@ def test_c01zh_dialogue_in_a_kubernetes_pod(cluster, tmp_path):  # noqa: F811 - 
     assert row["reward"] == pytest.approx(0.2)  # no judge: its parts score 0, robustness 1.0 stays
     [pod] = cluster.pods()
     env = {e["name"]: e["value"] for e in pod["manifest"]["spec"]["containers"][0]["env"]}
-    assert (env["FORGE_USER_MODEL_URL"], env["FORGE_USER_MODEL_NAME"]) == (f"{up.url}/v1", USER_MODEL)
+    assert (env["FORGE_USER_MODEL_URL"], env["FORGE_USER_MODEL_NAME"]) == ("http://127.0.0.1:8791/user", USER_MODEL)
+    [holder] = pod["manifest"]["spec"]["initContainers"]
+    assert {e["name"]: e["value"] for e in holder["env"]} == {"FORGE_USER_MODEL_URL": f"{up.url}/v1"}

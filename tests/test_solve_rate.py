@@ -25,7 +25,7 @@ from forgerl.converters.cli import main as convert
 from forgerl.converters.solve_rate import pass_rates
 from forgerl.runners import outcomes
 from forgerl.schema.attempts import Scope, pass_rate_rows
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "analysis" / "example"
 SOMETIMES = {"fix-calc", "list-files", "make-test-pass", "update-config"}

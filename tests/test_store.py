@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from forgerl.schema import files, store, tables
+from forgerl.schema import files, maintenance, store, tables, writer
 from forgerl.schema.messages import Exchange, Message, Part, Usage
 from forgerl.schema.records import CallRecord, decompress, messages_from_refs
 from forgerl.schema.files import SchemaVersionError
@@ -35,7 +35,7 @@ def make_call(session: str, i: int, history: list[Message]) -> CallRecord:
                       exchange=ex, request_raw=b'{"x":1}', response_raw=b"event: x\n\n")
 
 
-def record_session(writer: store.DatasetWriter, session: str, turns: int) -> None:
+def record_session(writer: writer.DatasetWriter, session: str, turns: int) -> None:
     history = [Message("system", (Part("text", text="you are a test"),)),
                Message("user", (Part("text", text=f"task for {session}"),))]
     for i in range(turns):
@@ -47,7 +47,7 @@ def record_session(writer: store.DatasetWriter, session: str, turns: int) -> Non
 
 
 def test_roundtrip_and_part_dedupe(tmp_path):
-    with store.DatasetWriter(tmp_path) as w:
+    with writer.DatasetWriter(tmp_path) as w:
         record_session(w, "s1", 10)
     calls = store.read_table(tmp_path, "calls")
     parts = store.read_table(tmp_path, "messages")
@@ -67,7 +67,7 @@ def test_roundtrip_and_part_dedupe(tmp_path):
 
 
 def test_three_readers_load_the_root(tmp_path):
-    with store.DatasetWriter(tmp_path) as w:
+    with writer.DatasetWriter(tmp_path) as w:
         record_session(w, "a", 3)
         w.flush()
         record_session(w, "b", 4)
@@ -86,7 +86,7 @@ def test_three_readers_load_the_root(tmp_path):
 
 
 def test_many_writers_share_a_root(tmp_path):
-    writers = [store.DatasetWriter(tmp_path) for _ in range(4)]
+    writers = [writer.DatasetWriter(tmp_path) for _ in range(4)]
     threads = [threading.Thread(target=record_session, args=(w, f"s{i}", 5)) for i, w in enumerate(writers)]
     for t in threads:
         t.start()
@@ -99,7 +99,7 @@ def test_many_writers_share_a_root(tmp_path):
 
 
 def test_compaction_is_atomic_for_readers(tmp_path):
-    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+    with writer.DatasetWriter(tmp_path, flush_interval=3600) as w:
         for i in range(30):
             record_session(w, f"s{i}", 2)
             w.flush()
@@ -116,7 +116,7 @@ def test_compaction_is_atomic_for_readers(tmp_path):
 
     reader = threading.Thread(target=read_forever)
     reader.start()
-    replaced = store.compact(tmp_path)
+    replaced = maintenance.compact(tmp_path)
     time.sleep(0.1)
     stop.set()
     reader.join()
@@ -124,9 +124,9 @@ def test_compaction_is_atomic_for_readers(tmp_path):
     assert len(files.data_files(tmp_path, "calls")) == 1
     assert set(seen) == {60}, "a reader saw a call twice or not at all"
     # A second compaction folds duplicates left by a restarted writer.
-    with store.DatasetWriter(tmp_path) as w:
+    with writer.DatasetWriter(tmp_path) as w:
         record_session(w, "s0", 2)  # same session again: its parts are rewritten by this new writer
-    store.compact(tmp_path)
+    maintenance.compact(tmp_path)
     parts = store.read_table(tmp_path, "messages")
     keys = list(zip(parts.column("session_id").to_pylist(), parts.column("part_hash").to_pylist()))
     assert len(keys) == len(set(keys))
@@ -142,7 +142,7 @@ def test_the_session_index_follows_new_files_and_a_compaction(tmp_path):
     def holding(session):
         return [f for f, _ in sessions.session_files(tmp_path, "calls", session)]
 
-    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+    with writer.DatasetWriter(tmp_path, flush_interval=3600) as w:
         record_session(w, "a", 2)
         w.flush()
         record_session(w, "b", 2)
@@ -151,7 +151,7 @@ def test_the_session_index_follows_new_files_and_a_compaction(tmp_path):
         assert counts() == {"a": 3, "b": 2, "c": 0}
         assert holding("a") == files.data_files(tmp_path, "calls") and len(holding("a")) == 2
         assert sessions.session_count(tmp_path, "messages", "b") > 0  # another table, its own index
-        store.compact(tmp_path)
+        maintenance.compact(tmp_path)
         assert counts() == {"a": 3, "b": 2, "c": 0} and holding("a") == files.data_files(tmp_path, "calls")
         record_session(w, "c", 3)
         w.flush()
@@ -169,7 +169,7 @@ def test_an_older_listing_read_meanwhile_does_not_hide_a_new_file(tmp_path):
     was an infra_error when its grading saw fewer calls than the recorder had acknowledged)."""
     from forgerl.schema import sessions
 
-    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+    with writer.DatasetWriter(tmp_path, flush_interval=3600) as w:
         record_session(w, "a", 2)
         w.flush()
         _, older = files.data_file_names(tmp_path, "calls")
@@ -184,23 +184,23 @@ def test_an_older_listing_read_meanwhile_does_not_hide_a_new_file(tmp_path):
 
 
 def test_glob_readers_after_compaction(tmp_path):
-    with store.DatasetWriter(tmp_path) as w:
+    with writer.DatasetWriter(tmp_path) as w:
         record_session(w, "a", 3)
         w.flush()
         record_session(w, "b", 3)
-    store.compact(tmp_path)
+    maintenance.compact(tmp_path)
     assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/calls/*.parquet')").fetchall()[0][0] == 6
 
 
 def test_delete_session_rewrites_only_its_files(tmp_path):
-    with store.DatasetWriter(tmp_path, flush_interval=3600) as w:
+    with writer.DatasetWriter(tmp_path, flush_interval=3600) as w:
         record_session(w, "keep", 3)
         w.flush()
         record_session(w, "gone", 3)
         record_session(w, "keep2", 1)
         w.flush()
     keep_files = {p: os.stat(p).st_mtime_ns for p in files.data_files(tmp_path, "calls")[:1]}
-    removed = store.delete_session(tmp_path, "gone")
+    removed = maintenance.delete_session(tmp_path, "gone")
     assert removed["calls"] == 3 and removed["messages"] > 0 and removed["sessions"] == 1
     for p, mtime in keep_files.items():
         assert os.stat(p).st_mtime_ns == mtime, "a file without the session was rewritten"
@@ -211,7 +211,7 @@ def test_delete_session_rewrites_only_its_files(tmp_path):
 
 
 def test_a_file_from_the_future_is_refused(tmp_path):
-    with store.DatasetWriter(tmp_path) as w:
+    with writer.DatasetWriter(tmp_path) as w:
         record_session(w, "s", 2)
     path = Path(files.data_files(tmp_path, "sessions")[0])
     files.atomic_write_table(path, pq.read_table(path), "sessions", version=tables.SCHEMA_VERSION + 1)
@@ -231,8 +231,8 @@ WRITER_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     from test_store import make_call, Message, Part
-    from forgerl.schema import store
-    w = store.DatasetWriter({root!r}, flush_interval=0.2)
+    from forgerl.schema import writer
+    w = writer.DatasetWriter({root!r}, flush_interval=0.2)
     i = 0
     while True:
         call = make_call("s", i, [Message("user", (Part("text", text=str(i)),))])
@@ -264,7 +264,8 @@ def test_kill_minus_9_loses_at_most_the_last_flush(tmp_path):
 
 
 def test_outcomes_round_trip_and_unknown_columns(tmp_path):
-    from forgerl.schema.store import DatasetWriter, read_table
+    from forgerl.schema.store import read_table
+    from forgerl.schema.writer import DatasetWriter
     with DatasetWriter(tmp_path / "ds") as writer:
         writer.add_outcome({"session_id": "s1", "task_id": "t1", "attempt": 0, "status": "success",
                             "reward": 1.0, "passed": True, "scores": '{"a": 1.0}'})
@@ -293,12 +294,12 @@ def test_a_session_resumed_by_another_writer_continues_its_stored_segment(tmp_pa
     the stored calls left it (same segment, continuing the last call, parts not written twice)."""
     history = [Message("system", (Part("text", text="you are a test"),)), Message("user", (Part("text", text="go"),))]
     first = make_call("s", 0, history)
-    with store.DatasetWriter(tmp_path) as w:
+    with writer.DatasetWriter(tmp_path) as w:
         w.add_session("s", harness="test")
         w.add_call(first)
         w.add_call(make_call("other", 0, history))
     history += [first.exchange.output[0], Message("tool", (Part("tool_result", call_id="t0", text="out"),))]
-    with store.DatasetWriter(tmp_path) as w:
+    with writer.DatasetWriter(tmp_path) as w:
         w.add_call(make_call("s", 1, history))
         w.add_call(make_call("fresh", 0, history[:2]))
     calls = {c["call_id"]: c for c in store.read_table(tmp_path, "calls").to_pylist()}

@@ -54,11 +54,18 @@ def test_the_console_script_refuses_a_bad_task_in_one_line(tmp_path):
      "t.toml: limits.memory_mb = 'lots': expected a valid integer"),
     (TOML + '[[workspace_files]]\nsource = "seed.txt"\n', "t.toml: missing key 'workspace_files[0].dest'"),
     (TOML.replace("timeout_seconds", "timeout_secondz"), "t.toml: unknown key 'timeout_secondz' (expected one of: "
-                                                         "id, prompt, timeout_seconds, limits, workspace_files, grading)"),
+                                                         "id, prompt, timeout_seconds, workdir, limits, workspace_files, "
+                                                         "grading)"),
+    (TOML.replace("timeout_seconds = 60", 'timeout_seconds = 60\nworkdir = "/app/x"'),
+     "t.toml: workdir = '/app/x': expected an absolute path of one folder under / (such as /workspace)"),
+    (TOML.replace("timeout_seconds = 60", 'timeout_seconds = 60\nworkdir = "/tmp"'),
+     "t.toml: workdir = '/tmp': expected a folder this machine does not have (the rollout's root would hide "
+     "/tmp)"),
     (TOML.replace('prompt = "Say hi."\n', ""), "t.toml: missing key 'prompt'"),
     (TOML.replace('{"ok": 1.0}', '{"ok": 1.0'), "t.toml:9: [grading] code does not compile: '{' was never closed"),
     ('id = "t"\nprompt = \n', "t.toml: Invalid value (at line 2, column 10)"),
-], ids=["wrong-type", "missing-dest", "unknown-key", "missing-key", "grader-syntax", "not-toml"])
+], ids=["wrong-type", "missing-dest", "unknown-key", "workdir-nested", "workdir-hides", "missing-key",
+        "grader-syntax", "not-toml"])
 def test_toml_task(tmp_path, text, message, capsys):
     (tmp_path / "t.toml").write_text(text)
     refused(tmp_path / "t.toml", tmp_path, message, capsys)

@@ -29,7 +29,8 @@ import transformers
 from forgerl.errors import UserError
 from forgerl.recorder.proxy import free_port
 from forgerl.runners.policy import PolicyVersionSource
-from forgerl.schema.store import DatasetWriter, read_table
+from forgerl.schema.store import read_table
+from forgerl.schema.writer import DatasetWriter
 from forgerl.schema.templates import folder_template_sha256
 from forgerl.trainer.policy_server import load_checkpoint, serving
 from forgerl.trainer.rl_loop import rl_step

@@ -24,7 +24,7 @@ import pytest
 
 from forgerl.recorder.apis import anthropic, chat, responses
 from forgerl.schema.records import CallRecord
-from forgerl.schema.store import DatasetWriter
+from forgerl.schema.writer import DatasetWriter
 
 from convert_fixtures import TOKENIZER_DIR, convert, qwen_tokenizer, rows
 

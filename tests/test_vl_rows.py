@@ -145,7 +145,7 @@ def test_images_recorded_without_sizes_are_counted_from_their_bytes(gui_data, tm
 
     from forgerl.schema.messages import Exchange, Message
     from forgerl.schema.records import CallRecord, call_messages
-    from forgerl.schema.store import DatasetWriter
+    from forgerl.schema.writer import DatasetWriter
 
     root, _ = gui_data
     blobs = {b["blob_hash"]: b["data"] for b in _table(root, "blobs", "gui-claude")}
@@ -199,7 +199,7 @@ def test_a_sample_reads_only_the_blobs_it_refers_to(tmp_path):
     from forgerl.schema.messages import Exchange, Message, Part, sha256_hex
     from forgerl.schema.records import CallRecord
     from forgerl.schema.files import data_files
-    from forgerl.schema.store import DatasetWriter
+    from forgerl.schema.writer import DatasetWriter
     from datetime import datetime, timezone
 
     root, kept = tmp_path / "data", screenshot(2)

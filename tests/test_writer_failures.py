@@ -28,7 +28,8 @@ from forgerl.recorder.writer_process import CallsFailed, RecorderFailure
 from forgerl.runners.local import LocalRunner
 from forgerl.runners.rollout import Rollout
 from forgerl.runners.loader import load_tasks
-from forgerl.schema.store import DatasetWriter, read_table
+from forgerl.schema.store import read_table
+from forgerl.schema.writer import DatasetWriter
 from runner_fixtures import CALL_MODEL, PythonHarness, toml_task
 from scripted_upstream import Request, Turn
 

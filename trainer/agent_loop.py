@@ -56,6 +56,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from forgerl.recorder.credentials import KeyHolder, Tokens, new_secret
 from forgerl.recorder.policy import Generation, Sampling
 from forgerl.recorder.proxy import BackgroundRecorder, RecorderConfig
+from forgerl.recorder.redact import Redactor
 from forgerl.recorder.serve import PolicyGateway
 from forgerl.harnesses import get_harness
 from forgerl.runners.loader import find_task, load_task
@@ -129,11 +130,20 @@ class HarnessAgentLoop(AgentLoopBase):
                                  recorder_secret=secret)
             runner.harness_slot = HarnessSlots(1)  # spare once the harness ends: its barrier flushes at once
             rollout = Rollout(task, attempt=int(info.get("attempt", 0)), policy_version=self.policy_version)
-            outcome = await asyncio.to_thread(runner.run_one, rollout)
+            outcome = await asyncio.to_thread(self._run_one, runner, rollout)
         finally:
             await asyncio.to_thread(recorder.stop)
             await gateway.close()
         return self.output(outcome, self._calls(outcome.session), gateway.calls)
+
+    def _run_one(self, runner: LocalRunner, rollout: Rollout) -> Outcome:
+        """The rollout; with `forge-train rl --otlp`, its trace's root ended with the outcome, as forge-run does
+        (this loop writes no `outcomes` row: the offline export's root has no outcome)."""
+        with runner.tracing(self.dataset):
+            outcome = runner.run_one(rollout)
+            rules = Redactor.from_file(self.redact_rules) if self.redact_rules else runner.redactor
+            runner.end_trace(outcome.session, outcome.row(rules))
+        return outcome
 
     def _calls(self, session: str) -> list[dict[str, Any]]:
         """This rollout's calls only: the runner's barrier made them durable; the rest of the table is not read."""

@@ -25,6 +25,7 @@ import argparse
 import sys
 
 from forgerl.cli import run_verb
+from forgerl.recorder.otlp import add_otlp_flag, configure_export
 
 from . import logprob_check, rl, sft
 
@@ -35,13 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sft.add_parser(sub)
     rl.add_parser(sub)
+    add_otlp_flag(sub.choices["rl"])
     logprob_check.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_verb("forge-train", lambda: args.func(args))
+    return run_verb("forge-train", lambda: _otlp(args) or args.func(args))
+
+
+def _otlp(args: argparse.Namespace) -> None:
+    """`rl --otlp URL`: the recorders the rollouts start (their writer processes) export there."""
+    if args.command == "rl":
+        configure_export(args, outcomes=True)  # the rollouts end their traces with the outcome
 
 
 if __name__ == "__main__":

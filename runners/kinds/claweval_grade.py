@@ -24,6 +24,7 @@ from claw_eval.graders.registry import get_grader
 from claw_eval.models.scoring import compute_task_score
 from claw_eval.models.task import TaskDefinition
 
+from ..simulated_user import NO_KEY
 from ..transcript import rollout_messages
 from .claweval import NOT_JUDGED
 from .claweval_trace import trace
@@ -52,7 +53,7 @@ def _judge(judge: list[str] | None) -> LLMJudge | NotGradedJudge:
     if not judge:
         return NotGradedJudge()
     url, model = judge
-    key = next((os.environ[k] for k in JUDGE_KEY_VARIABLES if os.environ.get(k)), None)
+    key = next((os.environ[k] for k in JUDGE_KEY_VARIABLES if os.environ.get(k)), NO_KEY)  # a pod's: its sidecar's
     return LLMJudge(model_id=model, api_key=key, base_url=url)
 
 

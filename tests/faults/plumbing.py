@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from forgerl.schema.files import atomic_write_table, data_files, file_version, read_files
+from forgerl.schema.conform import file_version, read_files
+from forgerl.schema.files import atomic_write_table, data_files
 from forgerl.schema.templates import POLICY_FILE, folder_template_sha256, template_file
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
