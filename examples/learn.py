@@ -68,10 +68,11 @@ class Plan:
     heldout: tuple[str, ...] = ()  # empty: all of benchmarks/learn/heldout
     hidden: int = 64
     layers: int = 2
-    steps: int = 400
+    steps: int = 150
     lr: float = 1e-2
-    batch_tokens: int = 0
-    max_length: int = 4096  # SFT leaves longer rows out (Claude Code's ~19k-token rows: 9-30 s a row here)
+    warmup: int = 10  # then a cosine decay to 0 (forge-train sft --warmup)
+    batch_tokens: int = 11500  # ~8 pi rows a step, run as one shared prefix and one batch of remainders
+    max_length: int = 4096  # SFT leaves longer rows out (Claude Code's ~19k-token rows)
     parallel: int = 2
 
 
@@ -183,6 +184,7 @@ def sft(loop: Loop) -> None:
     with loop.stage("sft v1") as stage:
         loop.verb(stage, "train", "sft", "--engine", "torch", "--data", shards, "--out", str(loop.ckpt("v1")),
                   "--model", str(loop.ckpt("v0")), "--steps", str(plan.steps), "--lr", str(plan.lr),
+                  "--warmup", str(plan.warmup),
                   "--batch-tokens", str(plan.batch_tokens), "--max-length", str(plan.max_length), "--seed", "0",
                   "--policy-version", "v1")
 

@@ -26,6 +26,7 @@ from .verifier import Layout
 DEFAULT_TIMEOUT_S = 1800
 DEFAULT_CPU_S = 3600
 DEFAULT_MEMORY_MB = 4096
+FIXED_HOME = "/agent-home"  # the harness's HOME where a task has a fixed `workdir`
 
 
 class TaskError(UserError):
@@ -55,6 +56,7 @@ class Task:
     unavailable: str = ""  # why it cannot run here: each rollout is an infra_error with this reason, never a 0
     skip: str = ""  # why forge-run leaves it out (said when it does)
     persona: Persona | None = None  # a simulated user answers the harness (`simulated_user.py`)
+    workdir: str = ""  # set: the workspace is bound at this fixed path, the harness's cwd (`layout`)
 
     benchmark: ClassVar[str] = "QwenClawBench / TOML"  # named in pass@k tables beside its pass rule
     pass_threshold: ClassVar[float] = 1.0  # a trial passes at reward >= this (QwenClawBench: only 1.0)
@@ -102,8 +104,16 @@ class Task:
 
         `in_image`: the rollout runs in the task's own image (a Kubernetes pod), whose working directory is
         already there; else the workspace is bound at it.
+
+        By default: with `workdir` set, a root of the rollout's own with the workspace bound at `workdir` and
+        the harness's HOME at `FIXED_HOME`, so what the harness tells the model (its cwd, its memory folder) is
+        the same in every rollout, not a random temp folder.
         """
-        return None
+        if not self.workdir:
+            return None
+        (rollout_dir / "root").mkdir()
+        return Layout(root=str(rollout_dir / "root"), workdir=self.workdir, home=FIXED_HOME,
+                      binds=[(self.workdir, str(workspace)), (FIXED_HOME, str(rollout_dir / "home"))])
 
     def container_image(self, registry: str) -> str | None:
         """The image a pod of this task runs in; None: the runner's rollout image (`--image`)."""

@@ -7,7 +7,7 @@ command leaves and fails on the untouched one and on the other family's command
 with the same values; the replay baseline is measured the same way.
 Slow: the teacher recorded through real `forge-run` with Claude Code and pi, along
 both production paths (vendor-API upstream, token policy server), then
-`forge-convert --to tokens`.
+`forge-convert --to tokens`; the recorded prompt names the tasks' fixed workdir, no random folder.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from forgerl.schema.store import read_table
 from conftest import REPO
 from learn_teacher import (COMMANDS, TOKENIZER_DIR, Action, TeacherPolicyServer, parse_task, qwen_turn, replay_action,
                            script)
+from learn_probe import grade as probe_grade
 from scripted_upstream import ScriptedUpstream
 
 LEARN = REPO / "benchmarks" / "learn"
@@ -128,6 +129,21 @@ def test_qwen_turn_reads_the_rendered_chat():
     assert "echo cloud >> tasks.txt" in replay
 
 
+def test_the_probe_grades_the_command_in_a_tool_call():
+    def call(command: str) -> str:
+        return f'<tool_call>\n{json.dumps({"name": "bash", "arguments": {"command": command}})}\n</tool_call>'
+
+    append = {"f": "notes.txt", "w": "cloud"}
+    marks = [probe_grade("echo cloud >> notes.txt", "append", append, call(c)) for c in
+             ("echo cloud >> notes.txt", "echo cloud > notes.txt", "echo river >> notes.txt", "cp notes.txt x")]
+    assert [(m["exact"], m["family"], m["values"]) for m in marks] == [
+        (True, True, True), (False, False, True), (False, True, False), (False, False, False)]
+    copy = {"a": "notes.txt", "b": "todo.txt"}
+    assert probe_grade("cp notes.txt todo.txt", "copy", copy, call("cp todo.txt notes.txt")) == {
+        "exact": False, "family": True, "values": False}  # the order matters
+    assert not any(probe_grade("cp notes.txt todo.txt", "copy", copy, "Done.").values())  # no tool call
+
+
 # --- slow: real harnesses through forge-run, both paths ----------------------------------------------
 
 CASES = [("claude-code", "upstream", "learn-train-replace-00"), ("claude-code", "policy", "learn-train-copy-00"),
@@ -161,7 +177,13 @@ def test_teacher_recorded_through_forge_run_converts_to_tokens(harness, path, ta
     assert counts["rows_train"] == 1 and counts["retokenized" if path == "upstream" else "engine_ids"] == 1, counts
     [row] = pq.read_table(shards / "train").to_pylist()
     trained = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
-    said = AutoTokenizer.from_pretrained(TOKENIZER_DIR).decode(trained)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    said = tokenizer.decode(trained)
     command = parse_task(load_tasks(LEARN / "train" / f"{task_id.split('-', 2)[2]}.toml")[0].prompt).command
     assert json.dumps(command) in said and "Done." in said and row["reward"] == 1.0, said
+    # The task's fixed workdir: the prompt names /workspace (Claude Code: its memory folder under the fixed HOME),
+    # never the rollout's random temp folder, so every rollout's prompt is the same up to the task.
+    prompt = tokenizer.decode(row["input_ids"])
+    assert "forgerl-rollout" not in prompt and "/workspace" in prompt
+    assert ("/agent-home/.claude/projects/-workspace/" in prompt) == (harness == "claude-code")
     print(f"{harness} via {path}: forge-convert {time.monotonic() - started:.1f} s")

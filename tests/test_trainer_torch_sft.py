@@ -11,6 +11,7 @@ earlier turns.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from forgerl.schema.templates import POLICY_FILE, folder_template_sha256
 from forgerl.trainer import torch_model
 from forgerl.trainer.cli import main as forge_train
 from forgerl.trainer.shard_checks import ChatMarkers, check_loss_spans, first_bad
-from forgerl.trainer.sft_loop import SftRow, plan, prefix_groups, sft_rows, step_gradient, train
+from forgerl.trainer.sft_loop import SftRow, lr_factor, plan, prefix_groups, sft_rows, step_gradient, train
 from forgerl.trainer.torch_model import loss_logits, random_qwen3, save_checkpoint, token_logprobs
 
 from convert_fixtures import TOKENIZER_DIR, chat_dataset, convert  # noqa: F401 - chat_dataset is a fixture
@@ -241,3 +242,37 @@ def test_a_short_shared_prefix_does_not_shrink_a_long_one():
                 SftRow("c", long[:40] + [tail] * 50, [0] * 89 + [1]), SftRow("d", long[:40] + [tail] * 60, [1] * 100)]
         assert sorted(prefix_groups(rows, [0, 1, 2, 3], 32)) == [(89, [2, 3]), (300, [0, 1])]
         assert sorted(prefix_groups(rows, [0, 1, 2, 3], 100)) == [(0, [2]), (0, [3]), (300, [0, 1])]
+
+
+def test_the_warmup_rises_then_decays_to_zero():
+    assert [lr_factor(n, 10, None) for n in range(10)] == [1.0] * 10
+    rate = [lr_factor(n, 12, 2) for n in range(12)]
+    assert rate[:3] == [0.5, 1.0, 1.0] and rate[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 9 / 10)))
+    assert all(a > b for a, b in zip(rate[2:], rate[3:]))  # after the warm-up, every step lower
+
+
+def test_shared_prefix_rows_run_in_batches_within_the_budget(shards):
+    """Rows of one prefix whose remainders exceed one batch's budget split into several batches (each one
+    backward): the same gradient as row by row."""
+    real = max(sft_rows(shards["thread"]), key=lambda r: len(r.ids))
+    cut = len(real.ids) // 2
+    rows = [SftRow(f"tail {k}", real.ids[:cut] + [t + k for t in real.ids[cut:]], real.mask) for k in range(5)]
+    model = random_qwen3(64, 2, torch.float32, seed=0).train()
+    ids = [torch.tensor(r.ids) for r in rows]
+    wanted = [torch.tensor(r.mask) > 0 for r in rows]
+    for w in wanted:
+        w[0] = False
+    trained = sum(int(w.sum()) for w in wanted)
+    calls = []
+
+    def loss(logits, ids, targets):
+        calls.append(logits.shape[0])
+        return torch.nn.functional.cross_entropy(logits, ids[targets], reduction="sum") / trained
+
+    one_row = int(wanted[0].sum()) * model.config.vocab_size
+    torch_model.shared_prefix_backward(model, ids, wanted, cut, loss, budget=2 * one_row)
+    assert len(calls) == 3 and sum(calls) == trained  # 2 + 2 + 1 rows
+    got = {name: p.grad.clone() for name, p in model.named_parameters()}
+    want = gradients(rows, 0)[1]
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-7, msg=name)

@@ -40,7 +40,7 @@ ENGINE_OPTIONS = {
     "verl": {"nproc": 1, "batch_size": 32, "micro_batch_size": 1, "name": "run", "accept_template_mismatch": False,
              "override": [], "dry_run": False},
     "torch": {"random_qwen3": False, "hidden": 64, "layers": 2, "steps": None, "batch_tokens": 0, "seed": 0,
-              "policy_version": "v1", "no_share_prefix": False},
+              "policy_version": "v1", "no_share_prefix": False, "warmup": None},
 }
 LEARNING_RATE = {"verl": 1e-5, "torch": 1e-3}
 
@@ -160,6 +160,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     own.add_argument("--batch-tokens", type=int, help="tokens a step takes, whole rows (default 0: one row a step)")
     own.add_argument("--seed", type=int, help="model init and row order (default 0)")
     own.add_argument("--policy-version", help="the checkpoint's policy_version (default v1)")
+    own.add_argument("--warmup", type=int, help="lr warm-up steps, then a cosine decay to 0 (default: a constant lr)")
     own.add_argument("--no-share-prefix", action="store_true", default=None,
                      help="run every row whole (default: rows of a step sharing a long prefix run it once)")
     p.set_defaults(func=main)

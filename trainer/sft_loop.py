@@ -7,11 +7,12 @@ one longer than `--max-length` is left out and counted. A step takes rows in
 a seeded shuffled order until they hold `--batch-tokens` (at least one row;
 0: one row a step), the loss the mean over the step's loss tokens. Rows of a
 step that share at least `SHARE_PREFIX` leading tokens (a harness's system
-prompt and tools) run that prefix once, their remainders against its keys
-and values, each row's graph freed by its backward, then one backward
-through the prefix with their summed gradient
+prompt and tools) run that prefix once, their remainders in padded batches
+against its keys and values, each batch's graph freed by its backward, then
+one backward through the prefix with their summed gradient
 (`torch_model.shared_prefix_backward`: the row-by-row gradient up to float
-rounding); `--no-share-prefix` runs every row whole. Prints one line per
+rounding); `--no-share-prefix` runs every row whole. `--warmup N` raises the
+learning rate over N steps, then decays it to 0 along a cosine (`lr_factor`). Prints one line per
 step (`step N loss X rows R tokens T trained M shared P s S tok/s K`, P the
 tokens not recomputed). `forge-train sft --engine torch` runs it and writes
 the checkpoint; `trainer/gpu_check.sh` runs it as a file
@@ -24,6 +25,7 @@ Hugging Face folder (`--model`) or a small random Qwen3 (`--random-qwen3`).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -136,15 +138,30 @@ def prefix_groups(data: list[SftRow], step: list[int], least: int) -> list[tuple
     return best(0, len(order))[1]
 
 
+def lr_factor(step: int, steps: int, warmup: int | None) -> float:
+    """The learning rate's share at `step` (0-based) of `steps`: 1 throughout when `warmup` is None, else a
+    linear rise over `warmup` steps and a cosine fall to 0 at the end (a few hundred steps from random weights:
+    the early steps would otherwise overshoot, the late ones keep shaking what was learned)."""
+    if warmup is None:
+        return 1.0
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
 def train(data: list[SftRow], steps: list[list[int]], model: Any, lr: float, device: str,
-          log: Callable[[str], None] = print, share_prefix: int = SHARE_PREFIX) -> list[float]:
-    """AdamW over the planned steps (`step_gradient`); each step's loss, the mean over its loss tokens."""
+          log: Callable[[str], None] = print, share_prefix: int = SHARE_PREFIX,
+          warmup: int | None = None) -> list[float]:
+    """AdamW over the planned steps (`step_gradient`), the rate shaped by `lr_factor`; each step's loss, the
+    mean over its loss tokens."""
     import torch
 
     optim = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     for n, step in enumerate(steps):
         start = time.perf_counter()
+        for group in optim.param_groups:
+            group["lr"] = lr * lr_factor(n, len(steps), warmup)
         total, trained, shared = step_gradient(data, step, model, device, share_prefix)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
@@ -209,13 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=0, help="tokens a step takes (default 0: one row)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-share-prefix", action="store_true", help="run every row whole, even with a shared prefix")
+    p.add_argument("--warmup", type=int, help="warm up over N steps, then a cosine decay to 0 (default: constant lr)")
     args = p.parse_args(argv)
     try:
         data, left_out = fitting(sft_rows(args.tokens), args.max_length)
         device = pick_device(args.device)
         model = load_model(args.model, device, args.hidden, args.layers, args.seed)
         losses = train(data, plan(data, args.seed, args.batch_tokens, steps=args.steps), model, args.lr, device,
-                       share_prefix=0 if args.no_share_prefix else SHARE_PREFIX)
+                       share_prefix=0 if args.no_share_prefix else SHARE_PREFIX, warmup=args.warmup)
     except BadInput as e:
         print(f"sft_loop: {e}", file=sys.stderr)
         return 2

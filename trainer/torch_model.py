@@ -86,12 +86,18 @@ def hidden_logits(model: Any, hidden: Any, targets: Any) -> Any:
 
 
 def shared_prefix_backward(model: Any, rows: list[Any], targets: list[Any], prefix: int,
-                           loss: Callable[[Any, Any, Any], Any]) -> float:
+                           loss: Callable[[Any, Any, Any], Any], budget: int = 2 ** 25) -> float:
     """Backpropagate the sum over rows (1-d ids, 1-d bool targets; the first `prefix` ids the same in every row,
     each row longer) of `loss(logits, ids, targets)`, the logits `loss_logits` gives, running the decoder over
-    the prefix once. Each row's remainder attends to the prefix's keys and values (detached copies, so each
-    row's graph is freed by its own backward while their gradients add up), then one backward through the
-    prefix with the summed gradient: the rows' gradient up to float rounding. Returns the summed loss."""
+    the prefix once. The rows' remainders run in batches (right-padded: causal attention keeps a token from the
+    padding after it), each against the prefix's keys and values (detached copies, so each batch's graph is
+    freed by its own backward while their gradients add up), then one backward through the prefix with the
+    summed gradient: the rows' gradient up to float rounding. A batch holds rows while its attention scores
+    (remainder tokens x keys, per head) and its loss logits (loss tokens x vocabulary) stay within `budget`
+    elements each: a pi row's remainder is ~50 tokens, so one batch; a Claude Code row's ~1.4k against 17k
+    keys runs nearly alone. Running rows together reads each weight once per batch, not once per row (the
+    151,936-row output layer and the embedding's dense gradient dominate a short remainder's step).
+    Returns the summed loss."""
     import torch
     from transformers import DynamicCache
 
@@ -100,16 +106,42 @@ def shared_prefix_backward(model: Any, rows: list[Any], targets: list[Any], pref
     computed = [t for layer in shared.past_key_values.layers for t in (layer.keys, layer.values)]
     computed.append(shared.last_hidden_state)
     leaves = [t.detach().requires_grad_() for t in computed]
+    heads, vocab = model.config.num_attention_heads, model.get_output_embeddings().weight.shape[0]
     total = 0.0
-    for ids, wanted in zip(rows, targets):
-        cache = DynamicCache(ddp_cache_data=list(zip(leaves[:-1:2], leaves[1:-1:2])), config=model.config)
-        rest = decoder(input_ids=ids[None, prefix:], past_key_values=cache, use_cache=True).last_hidden_state
-        row_loss = loss(hidden_logits(model, torch.cat([leaves[-1], rest], 1), wanted[None]), ids, wanted)
-        row_loss.backward()
-        total += row_loss.item()
+    for batch in _batches(rows, targets, prefix, heads, vocab, budget):
+        width = max(len(rows[i]) for i in batch) - prefix
+        ids = torch.stack([torch.nn.functional.pad(rows[i], (0, prefix + width - len(rows[i]))) for i in batch])
+        wanted = torch.stack([torch.nn.functional.pad(targets[i], (0, prefix + width - len(targets[i])))
+                              for i in batch])
+        n = len(batch)
+        cache = DynamicCache(ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1))
+                                             for k, v in zip(leaves[:-1:2], leaves[1:-1:2])], config=model.config)
+        rest = decoder(input_ids=ids[:, prefix:], past_key_values=cache, use_cache=True).last_hidden_state
+        hidden = torch.cat([leaves[-1].expand(n, -1, -1), rest], 1)
+        batch_loss = loss(hidden_logits(model, hidden, wanted), ids, wanted)
+        batch_loss.backward()
+        total += batch_loss.item()
     reached = [(t, leaf.grad) for t, leaf in zip(computed, leaves) if leaf.grad is not None]
     torch.autograd.backward([t for t, _ in reached], [g for _, g in reached])
     return total
+
+
+def _batches(rows: list[Any], targets: list[Any], prefix: int, heads: int, vocab: int,
+             budget: int) -> list[list[int]]:
+    """Consecutive runs of row indices whose padded attention scores (rows x heads x remainder x keys) and loss
+    logits (loss tokens x vocabulary) each stay within `budget` elements (at least one row a run)."""
+    out: list[list[int]] = []
+    width = logits = 0
+    for i, (ids, wanted) in enumerate(zip(rows, targets)):
+        rest, row_logits = len(ids) - prefix, int(wanted.sum()) * vocab
+        wider = max(width, rest)
+        if out and (len(out[-1]) + 1) * heads * wider * (prefix + wider) <= budget and logits + row_logits <= budget:
+            out[-1].append(i)
+            width, logits = wider, logits + row_logits
+        else:
+            out.append([i])
+            width, logits = rest, row_logits
+    return out
 
 
 def token_logprobs(model: Any, input_ids: Any, attention_mask: Any, targets: Any) -> Any:

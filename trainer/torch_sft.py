@@ -102,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"sft: {len(kept)} rows ({checked} loss-span checked, {left_out} longer than --max-length "
               f"{args.max_length} left out), {len(steps)} steps, {base} on {device}", flush=True)
         losses = train(kept, steps, model, args.lr, device, lambda line: print(line, flush=True),
-                       0 if args.no_share_prefix else SHARE_PREFIX)
+                       0 if args.no_share_prefix else SHARE_PREFIX, args.warmup)
     except BadInput as e:
         raise SftError(str(e)) from None
     seconds = time.perf_counter() - started

@@ -25,6 +25,7 @@ SEED = 35
 FILES = ("notes.txt", "todo.txt", "draft.txt", "report.txt", "ideas.txt", "tasks.txt")
 WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger")
 TRAIN_PER_FAMILY, HELDOUT_PER_FAMILY, NEW_WORDING_PER_FAMILY = 10, 4, 2
+WORKDIR = "/workspace"  # every rollout's cwd: the harness's prompt names no random temp folder
 
 # family -> (train wordings, held-out-only wordings); {f} a file, {w} a word, {a} -> {b} a source and a target
 WORDINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -76,7 +77,7 @@ def split(family: str, rng: random.Random) -> tuple[list[dict[str, str]], list[d
 def task_toml(task_id: str, family: str, values: dict[str, str], prompt: str) -> str:
     seeded = values.get("f") or values["a"]
     check = GRADERS[family].format(seed=seed_text(seeded), **values)
-    lines = [f'id = "{task_id}"', f'prompt = "{prompt}"', "timeout_seconds = 300", "",
+    lines = [f'id = "{task_id}"', f'prompt = "{prompt}"', "timeout_seconds = 300", f'workdir = "{WORKDIR}"', "",
              "[limits]", "cpu_seconds = 300", ""]
     lines += ["[[workspace_files]]", f'source = "../assets/{seeded}"', f'dest = "{seeded}"', ""]
     lines += ["[grading]", "code = '''", "from pathlib import Path", "",

@@ -3,6 +3,7 @@
     id = "hello"
     prompt = "Create hello.txt containing 'hi'."
     timeout_seconds = 300                # optional (default 1800)
+    workdir = "/workspace"               # optional: the workspace bound at this fixed path, the harness's cwd
     [limits]                             # optional
     cpu_seconds = 600
     memory_mb = 4096                     # 0: no memory limit
@@ -21,13 +22,14 @@ Every key is checked (`TomlTask`) and the grader compiled when the task loads.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from ..tasks import DEFAULT_CPU_S, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Task, TaskError, WorkspaceFile
+from ..tasks import DEFAULT_CPU_S, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, FIXED_HOME, Task, TaskError, WorkspaceFile
 from .spec import Seconds, Spec, Text, WorkspaceFileSpec, checked, compile_grader
 
 READS = "forgerl *.toml"
@@ -43,10 +45,20 @@ class Grading(Spec):
     weights: Annotated[dict[str, Annotated[float, Field(ge=0)]], Field(min_length=1)] = {"automated": 1.0}
 
 
+def _fixed_workdir(path: str) -> str:
+    """One new folder under `/`: the rollout's own root gets it, so it must not hide one of the machine's."""
+    if not re.fullmatch(r"/[\w.-]+", path) or path in ("/.", "/.."):
+        raise ValueError("an absolute path of one folder under / (such as /workspace)")
+    if path == FIXED_HOME or Path(path).exists():
+        raise ValueError(f"a folder this machine does not have (the rollout's root would hide {path})")
+    return path
+
+
 class TomlTask(Spec):
     id: Text
     prompt: Text
     timeout_seconds: Seconds = DEFAULT_TIMEOUT_S
+    workdir: Annotated[str, AfterValidator(_fixed_workdir)] = ""
     limits: Limits = Limits()
     workspace_files: list[WorkspaceFileSpec] = []
     grading: Grading
@@ -75,4 +87,4 @@ def load(path: Path) -> list[Task]:
                  files=tuple(WorkspaceFile(path.parent / f.source, f.dest) for f in spec.workspace_files),
                  timeout_s=spec.timeout_seconds, weights=weights,
                  grading_type="hybrid" if len(weights) > 1 else "automated",
-                 cpu_s=spec.limits.cpu_seconds, memory_mb=spec.limits.memory_mb)]
+                 cpu_s=spec.limits.cpu_seconds, memory_mb=spec.limits.memory_mb, workdir=spec.workdir)]
