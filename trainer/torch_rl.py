@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -42,8 +41,9 @@ from forgerl.harnesses import get_harness
 from forgerl.runners.loader import load_tasks
 from forgerl.runners.policy import checkpoint_version
 from forgerl.schema.store import read_table
-from forgerl.schema.templates import POLICY_FILE, folder_template_sha256
+from forgerl.schema.templates import POLICY_FILE
 
+from .policy_record import policy_record
 from .policy_server import serving
 from .rl_loop import rl_step, segments, sessions_of
 from .segment_rl import Row, batch_multiple, padding_rows, rollout_rows
@@ -135,15 +135,6 @@ def training_rows(tokens: Path, version: str, rewards: dict[str, tuple[str, floa
     return out
 
 
-def policy_meta(parent: Path, tokens: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """The child's `forgerl_policy.json`: `meta`, the parent's base, the tokenizer hash its rows were converted
-    with and the chat template it is served with (the parent's tokenizer files, copied unchanged)."""
-    base = json.loads((parent / POLICY_FILE).read_text()).get("base")
-    manifest = json.loads((tokens / "manifest.json").read_text())
-    return {**meta, "base": base, "tokenizer_sha256": manifest["tokenizer"]["sha256"],
-            "chat_template_sha256": folder_template_sha256(parent)}
-
-
 def iteration(args: argparse.Namespace, server: Any, model_dir: Path, n: int) -> Path:
     """One serve -> rollouts -> convert -> GRPO -> save round from `model_dir`; returns the new checkpoint."""
     import torch
@@ -164,11 +155,10 @@ def iteration(args: argparse.Namespace, server: Any, model_dir: Path, n: int) ->
     losses = rl_step(model, padded, "cpu", args.lr, args.mini_batch_rows, "seq-mean-token-mean", n)
     folder = out / "checkpoints" / new
     seconds = time.perf_counter() - start
-    save_checkpoint(model, folder, model_dir, policy_meta(model_dir, tokens, {
-        "policy_version": new, "parent": version, "engine": "torch", "dtype": str(model.dtype).removeprefix("torch."),
-        "seed": args.seed, "shards": [str((tokens / "manifest.json").resolve())], "steps": len(losses),
-        "loss_first": losses[0], "loss_last": losses[-1], "seconds": round(seconds, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+    base = json.loads((model_dir / POLICY_FILE).read_text()).get("base")
+    save_checkpoint(model, folder, model_dir, policy_record(
+        model, version=new, parent=version, seed=args.seed, base=base, shards=tokens, template_folder=model_dir,
+        steps=len(losses), losses=losses, seconds=seconds))
     graded = sum(reward is not None for _, reward in rewards.values())
     print(f"iteration {n} {version} -> {new}: pass rate {pass_rate:.3f} over {graded} rollouts, "
           f"loss {losses[-1]:.6f}, rows {len(rows)}, seconds {seconds:.1f}", flush=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from forgerl.converters.tokenizer import load_tokenizer, tokenizer_hash
 from forgerl.errors import UserError, removed_on_user_error
 from forgerl.schema.templates import POLICY_FILE, folder_template_sha256
 
+from .policy_record import policy_record
 from .shard_checks import ChatMarkers, check_loss_spans
 from .sft_loop import SHARE_PREFIX, fitting, plan, sft_rows, train
 from .torch_model import QWEN3_VOCAB, BadInput, load_model, pick_device, random_qwen3, save_checkpoint, train_dtype
@@ -106,17 +106,11 @@ def main(args: argparse.Namespace) -> int:
     except BadInput as e:
         raise SftError(str(e)) from None
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    policy = {"policy_version": args.policy_version, "parent": parent, "engine": "torch",
-              "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "seed": args.seed, "base": base,
-              "tokenizer_sha256": manifest["tokenizer"]["sha256"],
-              "chat_template_sha256": folder_template_sha256(folder),
-              "shards": [str((data / "manifest.json").resolve())], "steps": len(steps),
-              "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-              "seconds": round(seconds, 2), "peak_rss_mb": round(peak, 1)}
+    policy = policy_record(model, version=args.policy_version, parent=parent, seed=args.seed, base=base, shards=data,
+                           template_folder=folder, steps=len(steps), losses=losses, seconds=seconds)
     with removed_on_user_error(out):
         save_checkpoint(model.eval(), out, folder, policy)
     trained = f"loss first {losses[0]:.4f} last {losses[-1]:.4f}" if losses else "untrained"
-    print(f"sft done: {len(steps)} steps, {trained}, {seconds:.1f} s, peak RSS {peak:.0f} MB -> {out} "
+    print(f"sft done: {len(steps)} steps, {trained}, {seconds:.1f} s, peak RSS {policy['peak_rss_mb']:.0f} MB -> {out} "
           f"({args.policy_version})", flush=True)
     return 0
