@@ -52,8 +52,9 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def secret_from_env(environ: Mapping[str, str] = os.environ) -> str:
+def secret_from_env(environ: Mapping[str, str] | None = None) -> str:
     """The shared secret, from `FORGE_RECORDER_SECRET`; a `UserError` if it is missing or short."""
+    environ = os.environ if environ is None else environ  # read now: the object can be replaced after import
     secret = environ.get(SECRET_ENV, "")
     if len(secret) < MIN_SECRET_CHARS:
         raise UserError(f"{SECRET_ENV} must hold a secret of at least {MIN_SECRET_CHARS} characters "
@@ -136,10 +137,11 @@ class KeyHolder:
 
     @classmethod
     def from_env(cls, key_env: Mapping[str, str] | None = None,
-                 environ: Mapping[str, str] = os.environ) -> KeyHolder:
+                 environ: Mapping[str, str] | None = None) -> KeyHolder:
         """The secret from `FORGE_RECORDER_SECRET`; each API's key from its variable in `key_env` (API -> name,
         defaults `DEFAULT_KEY_ENV`). An API whose variable is unset or empty is sent no key (a keyless local
         upstream); the harness's token is taken off either way."""
+        environ = os.environ if environ is None else environ
         names = {**DEFAULT_KEY_ENV, **(key_env or {})}
         unknown = set(names) - set(APIS)
         if unknown:

@@ -30,8 +30,10 @@ DEFAULT_LIMIT = 32768
 INSTRUCTIONS = ("system", "developer")
 
 
-def value_limit(env: Mapping[str, str] = os.environ) -> int:
-    """The content attributes' length limit, from the standard variables (characters)."""
+def value_limit(env: Mapping[str, str] | None = None) -> int:
+    """The content attributes' length limit, from the standard variables (characters). The environment is read
+    when called (`os.environ` as it is then: a library may have replaced the object since import)."""
+    env = os.environ if env is None else env
     for var in LIMIT_ENVS:
         if env.get(var):
             if not env[var].isdigit() or int(env[var]) < 1:

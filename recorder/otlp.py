@@ -104,8 +104,9 @@ def add_otlp_flag(parser: argparse.ArgumentParser) -> None:
                              "definitions on its span (redacted as recorded; images as blob references)")
 
 
-def otlp_headers(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+def otlp_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Headers from the standard OTLP variables (`k=v,k2=v2`, URL-encoded values)."""
+    env = os.environ if env is None else env
     headers: dict[str, str] = {}
     for var in HEADER_ENVS:
         for item in env.get(var, "").split(","):
@@ -153,16 +154,19 @@ class OtlpExporter:
         self._thread.start()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> OtlpExporter | None:
-        """An exporter to `$FORGE_OTLP_URL`, or None when it is not set."""
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OtlpExporter | None:
+        """An exporter to `$FORGE_OTLP_URL`, or None when it is not set. The environment is read when called, not
+        bound at import: HF datasets' `map(num_proc=...)` replaces the `os.environ` object with a copy."""
+        env = os.environ if env is None else env
         url = env.get(URL_ENV, "")
         timeout = next((float(env[v]) / 1000 for v in TIMEOUT_ENVS if env.get(v)), TIMEOUT_S)
         return cls(url, headers=otlp_headers(env), timeout=timeout, content=env.get(CONTENT_ENV) == "1",
                    ends_roots=env.get(ROOTS_ENV) != "runner") if url else None
 
     @staticmethod
-    def runner_ends_roots(env: Mapping[str, str] = os.environ) -> bool:
+    def runner_ends_roots(env: Mapping[str, str] | None = None) -> bool:
         """Whether this process's runner is to end its sessions' traces (`end_session`)."""
+        env = os.environ if env is None else env
         return bool(env.get(URL_ENV)) and env.get(ROOTS_ENV) == "runner"
 
     def call(self, row: Mapping[str, Any], record: CallRecord, harness: str | None) -> None:

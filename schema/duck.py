@@ -22,7 +22,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as pads
 
 from .files import data_files
 from .storage import LocalStorage, Storage, locate
@@ -59,6 +58,8 @@ def _scan(con: duckdb.DuckDBPyConnection, storage: Storage, table: str, files: l
     over the seam, registered on `con`."""
     if isinstance(storage, LocalStorage):
         return f"read_parquet({files!r}, union_by_name=true)"
+    import pyarrow.dataset as pads  # here, not at the top: it imports pandas, a quarter second of every CLI start
+
     name = f"{table}_files"
     con.register(name, pads.dataset([storage.native(f) for f in files], schema=TABLES[table],
                                     filesystem=storage.fs, format="parquet"))

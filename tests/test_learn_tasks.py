@@ -171,7 +171,7 @@ def test_teacher_recorded_through_forge_run_converts_to_tokens(harness, path, ta
 
     started = time.monotonic()
     c = subprocess.run([str(BIN / "forge-convert"), str(out), "--to", "tokens", "--tokenizer", str(TOKENIZER_DIR),
-                        "--out", str(shards)], capture_output=True, text=True, timeout=300)
+                        "--out", str(shards), "--val-fraction", "0"], capture_output=True, text=True, timeout=300)
     assert c.returncode == 0, c.stderr[-3000:]
     counts = json.loads((shards / "manifest.json").read_text())["counts"]
     assert counts["rows_train"] == 1 and counts["retokenized" if path == "upstream" else "engine_ids"] == 1, counts
