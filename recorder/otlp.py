@@ -80,14 +80,8 @@ def configure_export(args: argparse.Namespace, outcomes: bool = False) -> None:
         return
     if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
         raise UserError(f"--otlp {url!r}: give the collector's OTLP/HTTP base URL, e.g. http://127.0.0.1:4318")
-    for var in TIMEOUT_ENVS:
-        try:
-            ok = not os.environ.get(var) or float(os.environ[var]) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise UserError(f"${var}={os.environ[var]!r}: give the OTLP export timeout in milliseconds, e.g. 10000")
-    value_limit()  # a bad limit is refused here, not in the writer process
+    export_timeout_s()  # a bad timeout or limit is refused here, not in the writer process
+    value_limit()
     os.environ[URL_ENV] = url
     os.environ[CONTENT_ENV] = "1" if args.otel_content else ""
     os.environ[ROOTS_ENV] = "runner" if outcomes else ""
@@ -102,6 +96,22 @@ def add_otlp_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--otel-content", action="store_true",
                         help="with --otlp: put each call's new messages, its answer, instructions and tool "
                              "definitions on its span (redacted as recorded; images as blob references)")
+
+
+def export_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """Each POST's timeout, from the standard variables (milliseconds; the first set wins, each set one must be
+    valid), else `TIMEOUT_S`."""
+    env = os.environ if env is None else env
+    given = []
+    for var in TIMEOUT_ENVS:
+        if env.get(var):
+            try:
+                given.append(float(env[var]))
+            except ValueError:
+                given.append(0.0)
+            if given[-1] <= 0:
+                raise UserError(f"${var}={env[var]!r}: give the OTLP export timeout in milliseconds, e.g. 10000")
+    return given[0] / 1000 if given else TIMEOUT_S
 
 
 def otlp_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -159,8 +169,7 @@ class OtlpExporter:
         bound at import: HF datasets' `map(num_proc=...)` replaces the `os.environ` object with a copy."""
         env = os.environ if env is None else env
         url = env.get(URL_ENV, "")
-        timeout = next((float(env[v]) / 1000 for v in TIMEOUT_ENVS if env.get(v)), TIMEOUT_S)
-        return cls(url, headers=otlp_headers(env), timeout=timeout, content=env.get(CONTENT_ENV) == "1",
+        return cls(url, headers=otlp_headers(env), timeout=export_timeout_s(env), content=env.get(CONTENT_ENV) == "1",
                    ends_roots=env.get(ROOTS_ENV) != "runner") if url else None
 
     @staticmethod
